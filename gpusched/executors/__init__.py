@@ -1,0 +1,52 @@
+"""Executors: where an attempt's wrapper runs. Each is thin: it starts
+``sh gpusched/wrap.sh ATTEMPT_DIR MODE`` somewhere, can tell whether it still lives, can
+stop it, and can list what it still runs after a daemon restart. The attempt's result is
+never read from the executor: the wrapper writes it to ``exit.json`` in the attempt dir."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+#: JSON-able description of a launched attempt, stored in the ``attempts.handle`` column.
+#: tmux: {"pane": "%3", "window": "@2", "session": "$1", "pid": 123, "pid_started_at": 1.7e9}
+#: subprocess: {"pid": 123, "pid_started_at": 1.7e9}; slurm: {"slurm_job_id": "42"}
+Handle = dict[str, Any]
+
+WRAPPER = Path(__file__).resolve().parent.parent / "wrap.sh"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchRequest:
+    job_id: str  # "E1/87-glue-tvt_qnli"
+    suite: str  # "E1" (tmux session name)
+    job_name: str  # "87-glue-tvt_qnli" (tmux window name)
+    token: str  # unique per attempt; tags the pane/process so a restarted daemon finds it
+    attempt_dir: Path  # holds launch.sh; the wrapper writes pid, output.log, exit.json here
+    workdir: Path
+    env: dict[str, str] = field(default_factory=dict)  # variables the wrapper itself needs
+
+
+class Executor(Protocol):
+    name: str  # "tmux", "subprocess", "slurm"
+
+    def launch(self, req: LaunchRequest) -> Handle:
+        """Start the wrapper for ``req``; return once it exists (not once it ends)."""
+        ...
+
+    def alive(self, handle: Handle) -> bool:
+        """True while the attempt's wrapper (or its process group) still exists."""
+        ...
+
+    def terminate(self, handle: Handle, *, force: bool = False) -> None:
+        """SIGTERM the attempt's whole process group (SIGKILL when ``force``). Idempotent."""
+        ...
+
+    def discover(self) -> dict[str, Handle]:
+        """token -> handle for every attempt this backend still holds (live or dead pane)."""
+        ...
+
+    def release(self, handle: Handle) -> None:
+        """Forget a reaped attempt (e.g. close an old pane when its job is relaunched)."""
+        ...

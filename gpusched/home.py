@@ -1,0 +1,63 @@
+"""Where a user's gpusched state lives: one private directory per user (GPUs are a
+machine-wide resource shared by all of a user's projects)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Home:
+    """Every path of the per-user state directory. Created 0700 by :meth:`ensure`."""
+
+    root: Path
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> Home:
+        env = os.environ if environ is None else environ
+        if env.get("GPUSCHED_HOME"):
+            return cls(Path(env["GPUSCHED_HOME"]).expanduser().absolute())
+        state = env.get("XDG_STATE_HOME") or str(Path("~/.local/state").expanduser())
+        return cls(Path(state).absolute() / "gpusched")
+
+    @property
+    def db(self) -> Path:
+        return self.root / "gpusched.db"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / "daemon.lock"
+
+    @property
+    def daemon_info(self) -> Path:
+        """JSON with the running daemon's pid, start time, backend and probe."""
+        return self.root / "daemon.json"
+
+    @property
+    def daemon_log(self) -> Path:
+        return self.root / "daemon.log"
+
+    @property
+    def wake(self) -> Path:
+        """FIFO the daemon listens on; a byte written here makes it tick at once."""
+        return self.root / "wake"
+
+    @property
+    def tmux_socket(self) -> Path:
+        return self.root / "tmux.sock"
+
+    @property
+    def tmux_conf(self) -> Path:
+        return self.root / "tmux.conf"
+
+    def suite_env(self, suite: str) -> Path:
+        """The submitting shell's environment for ``suite``, as a sourceable sh file (0600)."""
+        return self.root / "env" / f"{suite}.sh"
+
+    def ensure(self) -> Home:
+        for d in (self.root, self.root / "env"):
+            d.mkdir(parents=True, exist_ok=True)
+            os.chmod(d, 0o700)
+        return self
