@@ -135,3 +135,133 @@ def _float(v: Any) -> float | None:
         return None if v is None else float(v)
     except (TypeError, ValueError):
         return None
+
+
+# --------------------------------------------------------------------------- materialize
+
+#: Variables of the submitting shell that must not leak into a job: they describe that
+#: shell or terminal, or are set per attempt by gpusched itself.
+_NOT_INHERITED = frozenset(
+    {"TMUX", "TMUX_PANE", "PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES", "TERM_SESSION_ID",
+     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "SSH_AUTH_SOCK", "SSH_AGENT_PID"}
+)
+
+
+def write_env_snapshot(path: Path, environ: dict[str, str]) -> None:
+    """Save the submitting shell's environment as a sourceable sh file, private to the user
+    (it may hold tokens). Jobs start from it, so they see the same PATH/conda env."""
+    import shlex
+
+    lines = ["# the environment of the shell that ran `gpusched submit`"]
+    for k in sorted(environ):
+        if k in _NOT_INHERITED or k.startswith("GPUSCHED_") or not k.isidentifier():
+            continue
+        lines.append(f"export {k}={shlex.quote(environ[k])}")
+    _atomic_write(path, "\n".join(lines) + "\n", mode=0o600)
+
+
+def find_checkpoint(workdir: Path, output_dir: str | None, pattern: str) -> str | None:
+    """Newest file/folder matching ``pattern`` under the job's output dir, or None."""
+    if not output_dir:
+        return None
+    base = Path(output_dir) if Path(output_dir).is_absolute() else workdir / output_dir
+    try:
+        matches = [p for p in base.glob(pattern)]
+    except (OSError, ValueError):
+        return None
+    if not matches:
+        return None
+    return str(max(matches, key=lambda p: (p.stat().st_mtime, p.name)))
+
+
+def materialize(
+    paths: AttemptPaths,
+    *,
+    suite: Any,
+    job: Any,
+    tier_index: int,
+    attempt_n: int,
+    gpu: int | None,
+    gpu_uuid: str | None,
+    backend: str,
+    env_file: str | None,
+) -> str:
+    """Write config.yaml, env.json, command.txt and launch.sh for one attempt; return the
+    command line. Every value reaching the shell is quoted (job names, overrides, paths)."""
+    import shlex
+
+    import yaml
+
+    from gpusched import tiers
+
+    workdir = Path(suite.workdir)
+    checkpoint = None
+    if suite.resume is not None:
+        cfg0 = tiers.resolve(suite, job, tier_index).config
+        checkpoint = find_checkpoint(workdir, cfg0.get(suite.resume.output_dir_key), suite.resume.checkpoint_glob)
+    resolved = tiers.resolve(suite, job, tier_index, checkpoint=checkpoint)
+    tier = suite.tiers[tier_index]
+    paths.dir.mkdir(parents=True, exist_ok=True)
+
+    header = [
+        f"# materialized by gpusched for {job.id}, attempt {attempt_n}, tier {tier.name}",
+        f"# base: {suite.base_config or '(none)'}",
+        *(f"# injected: {n}" for n in resolved.notes),
+    ]
+    body = yaml.safe_dump(dict(resolved.config), sort_keys=False, allow_unicode=True)
+    _atomic_write(paths.config, "\n".join(header) + "\n" + body)
+
+    env = dict(resolved.env)
+    if backend != "slurm":  # on Slurm the allocation (GRES) sets CUDA_VISIBLE_DEVICES
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_VISIBLE_DEVICES"] = _visible(gpu, gpu_uuid)
+    env.update(
+        GPUSCHED_JOB_ID=job.id,
+        GPUSCHED_SUITE=job.suite,
+        GPUSCHED_JOB=job.name,
+        GPUSCHED_ATTEMPT=str(attempt_n),
+        GPUSCHED_TIER=tier.name,
+        GPUSCHED_ATTEMPT_DIR=str(paths.dir),
+        GPUSCHED_GPU="" if gpu is None else str(gpu),
+    )
+    _atomic_write(paths.env, json.dumps(env, indent=2, sort_keys=True) + "\n")
+
+    fields = {
+        "config": str(paths.config),
+        "job": job.name,
+        "suite": job.suite,
+        "tier": tier.name,
+        "attempt_dir": str(paths.dir),
+        "gpu": "" if gpu is None else str(gpu),
+    }
+    command = suite.command.format_map({k: shlex.quote(v) for k, v in fields.items()})
+    _atomic_write(paths.command, command + "\n")
+
+    lines = [
+        "#!/bin/sh",
+        f"# gpusched: {job.id} attempt {attempt_n}, tier {tier.name}, "
+        + (f"GPU {gpu}" if gpu is not None else "no GPU"),
+    ]
+    if env_file:
+        lines.append(f"[ -r {shlex.quote(env_file)} ] && . {shlex.quote(env_file)}")
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+    lines += [f"cd {shlex.quote(str(workdir))} || exit 126", command]
+    _atomic_write(paths.launch, "\n".join(lines) + "\n", mode=0o700)
+    return command
+
+
+def _visible(gpu: int | None, uuid: str | None) -> str:
+    """CUDA_VISIBLE_DEVICES for a GPU: its UUID when NVML gave a real one (so NVML's and
+    CUDA's numbering can never disagree), else its index; '' hides every GPU."""
+    if uuid and uuid.startswith(("GPU-", "MIG-")) and "fake" not in uuid:
+        return uuid
+    return "" if gpu is None else str(gpu)
+
+
+def _atomic_write(path: Path, text: str, *, mode: int = 0o644) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)

@@ -26,6 +26,7 @@ class LaunchRequest:
     attempt_dir: Path  # holds launch.sh; the wrapper writes pid, output.log, exit.json here
     workdir: Path
     env: dict[str, str] = field(default_factory=dict)  # variables the wrapper itself needs
+    options: dict[str, Any] = field(default_factory=dict)  # backend options of the suite (Slurm partition...)
 
 
 class Executor(Protocol):

@@ -1,0 +1,235 @@
+"""The scheduler daemon: one per user (a file lock), started by ``submit``, stoppable.
+
+It sleeps on a FIFO (``Home.wake``): the wrapper of every job pokes it when the job ends,
+and clients poke it after a submit or cancel, so a freed slot is refilled in milliseconds
+without polling. Without pokes it still ticks every ``interval_s`` to sample GPUs.
+
+Stopping the daemon leaves jobs running; a new daemon re-adopts them (``Scheduler.reconcile``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import select
+import signal
+import stat
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+from gpusched.errors import DaemonError
+from gpusched.home import Home
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------- clients
+
+
+def info(home: Home) -> dict[str, Any] | None:
+    """The running daemon's info (pid, started_at, probe, ...), or None when none runs."""
+    if not home.lock.exists():
+        return None
+    lock = FileLock(str(home.lock))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        try:
+            return json.loads(home.daemon_info.read_text())
+        except (OSError, ValueError):
+            return {"pid": None}
+    lock.release()
+    return None
+
+
+def wake(home: Home) -> None:
+    """Make the daemon tick now. Never blocks; a no-op when no daemon listens."""
+    try:
+        fd = os.open(home.wake, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # ENXIO: nobody reads; ENOENT: never started
+        return
+    try:
+        os.write(fd, b"x")
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def start(home: Home, *, probe: str | None = None, timeout_s: float = 15.0) -> dict[str, Any]:
+    """Start a detached daemon unless one runs; return its info once it is ready."""
+    current = info(home)
+    if current is not None:
+        return current
+    home.ensure()
+    argv = [sys.executable, "-m", "gpusched", "daemon", "run"]
+    if probe:
+        argv += ["--probe", probe]
+    from gpusched import proc
+
+    with open(home.daemon_log, "ab") as out:
+        proc.spawn(argv, stdout=out, stderr=out)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        current = info(home)
+        if current is not None and current.get("ready"):
+            return current
+        time.sleep(0.02)
+    raise DaemonError(f"the daemon did not start within {timeout_s:.0f} s: see {home.daemon_log}")
+
+
+def stop(home: Home, *, timeout_s: float = 15.0) -> bool:
+    """Stop the daemon (jobs keep running). True if one was stopped."""
+    current = info(home)
+    if current is None:
+        return False
+    pid = current.get("pid")
+    if pid:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if info(home) is None:
+            return True
+        time.sleep(0.02)
+    raise DaemonError(f"the daemon (pid {pid}) did not stop within {timeout_s:.0f} s")
+
+
+# --------------------------------------------------------------------------- the daemon
+
+
+class _Executors(Mapping[str, Any]):
+    """Backends made on first use (Slurm is imported only when a suite asks for it)."""
+
+    def __init__(self, home: Home) -> None:
+        self.home = home
+        self._made: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._made:
+            from gpusched.executors.select import make_executor
+
+            self._made[name] = make_executor(name, self.home)
+        return self._made[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._made)
+
+    def __len__(self) -> int:
+        return len(self._made)
+
+    def preload(self, names: list[str]) -> None:
+        for n in names:
+            try:
+                self[n]
+            except Exception as e:
+                log.warning("backend %s unavailable: %s", n, e)
+
+
+def _open_fifo(path: Path) -> int:
+    if path.exists() and not stat.S_ISFIFO(path.stat().st_mode):
+        path.unlink()
+    if not path.exists():
+        os.mkfifo(path, 0o600)
+    # O_RDWR: the FIFO always has a writer (us), so select() never spins on EOF
+    return os.open(path, os.O_RDWR | os.O_NONBLOCK)
+
+
+def run(home: Home, *, probe_spec: str | None = None, interval_s: float = 1.0, sample_s: float = 10.0) -> int:
+    """The daemon's main loop (``gpusched daemon run``); returns the exit code."""
+    from gpusched.gpus.select import make_probe
+    from gpusched.scheduler import Scheduler, Settings
+    from gpusched.store import Store
+
+    home.ensure()
+    lock = FileLock(str(home.lock))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        print("gpusched: a daemon already runs for this user", file=sys.stderr)
+        return 0
+    logging.basicConfig(
+        level=os.environ.get("GPUSCHED_LOG", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    stopping = False
+
+    def _stop(signum: int, _frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # survive the user's logout
+    fifo = _open_fifo(home.wake)
+    store = Store(home.db)
+    probe = make_probe(probe_spec)
+    executors = _Executors(home)
+    executors.preload(sorted({s.backend for s in store.suites()}))
+    sched = Scheduler(store, probe, executors, settings=Settings(wake_path=str(home.wake)))
+    info_doc = {
+        "pid": os.getpid(),
+        "started_at": time.time(),
+        "probe": probe.name,
+        "probe_spec": probe_spec,
+        "probe_notice": probe.notice(),
+        "ready": False,
+    }
+    _write_info(home, info_doc)
+    for note in sched.reconcile(time.time()):
+        log.info("reconcile: %s", note)
+    _write_info(home, {**info_doc, "ready": True})
+    log.info("daemon %s ready (probe %s)", os.getpid(), probe.name)
+    last_sample = 0.0
+    try:
+        while not stopping:
+            now = time.time()
+            sched.tick(now)
+            if now - last_sample >= sample_s:
+                _sample(store, sched, now)
+                last_sample = now
+            _wait(fifo, interval_s)
+    finally:
+        log.info("daemon %s stopping; running jobs keep running", os.getpid())
+        with contextlib.suppress(OSError):
+            home.daemon_info.unlink()
+        os.close(fifo)
+        store.close()
+        lock.release()
+    return 0
+
+
+def _wait(fifo: int, timeout_s: float) -> None:
+    """Sleep until poked or ``timeout_s`` passes; swallow every pending poke."""
+    try:
+        ready, _, _ = select.select([fifo], [], [], timeout_s)
+    except InterruptedError:
+        return
+    if ready:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(fifo, 65536):
+                pass
+
+
+def _sample(store: Any, sched: Any, now: float) -> None:
+    """Record GPU memory/utilisation for reports (bounded table)."""
+    gpus = sched.last_snapshot
+    if not gpus:
+        return
+    try:
+        store.record_samples(now, [(g.index, g.used_mib, g.total_mib, g.util_pct) for g in gpus])
+    except Exception:  # samples are a nicety; never let them stop scheduling
+        log.exception("could not record GPU samples")
+
+
+def _write_info(home: Home, doc: dict[str, Any]) -> None:
+    tmp = home.daemon_info.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, home.daemon_info)

@@ -1,0 +1,373 @@
+"""One scheduling step, ``Scheduler.tick(now)``: reap -> stop -> place -> launch.
+
+The scheduler owns no clock and never sleeps: the daemon calls ``tick`` when woken (a job
+exited, a client submitted) or when its sampling interval passes; tests and the simulator
+call it with whatever ``now`` they like. Store, probe, executors and the launch step are
+passed in, so the same code runs against tmux, plain processes, Slurm or fakes.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpusched import outcome, placement, predict
+from gpusched.attempt import AttemptPaths, materialize
+from gpusched.executors import Executor, Handle, LaunchRequest
+from gpusched.gpus import Probe
+from gpusched.model import (
+    AttemptState,
+    Classification,
+    GpuState,
+    Outcome,
+    RetryPolicy,
+    Step,
+    StepKind,
+    Suite,
+)
+from gpusched.store import AttemptRow, JobRow, NewAttempt, Store, SuiteRow
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class Settings:
+    headroom_frac: float = 0.10  # keep this share of every card free (seeds: 10-20 %)
+    ramp_s: float = 60.0  # a job launched this recently counts as holding its predicted peak
+    cancel_grace_s: float = 10.0  # SIGTERM, then SIGKILL to the group after this long
+    max_lost: int = 3
+    wake_path: str | None = None  # FIFO the wrapper pokes when a job ends
+    candidates: int = 256  # queued jobs considered per tick (keeps a tick cheap at 10k queued)
+
+
+@dataclass(kw_only=True)
+class TickReport:
+    reaped: list[tuple[str, str]] = field(default_factory=list)  # (job id, outcome)
+    launched: list[tuple[str, int | None, str]] = field(default_factory=list)  # (job id, gpu, tier)
+    waiting: int = 0
+
+
+class Scheduler:
+    def __init__(
+        self,
+        store: Store,
+        probe: Probe,
+        executors: Mapping[str, Executor],
+        *,
+        settings: Settings | None = None,
+        on_event: Callable[[str], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.probe = probe
+        self.executors = dict(executors)
+        self.settings = settings or Settings()
+        self.on_event = on_event or (lambda msg: log.info("%s", msg))
+        self._suites: dict[str, tuple[float, SuiteRow]] = {}
+        self._term_sent: dict[int, float] = {}
+        self.last_snapshot: list[GpuState] = []
+
+    # ------------------------------------------------------------------ the step
+
+    def tick(self, now: float, *, snapshot: list[GpuState] | None = None) -> TickReport:
+        report = TickReport()
+        live = self.store.live_attempts()
+        live = self._reap(live, now, report)
+        self._stop_cancelled(live, now)
+        gpus = self.probe.snapshot() if snapshot is None else snapshot
+        self.last_snapshot = gpus
+        self._place(live, gpus, now, report)
+        return report
+
+    # ------------------------------------------------------------------ reap
+
+    def _reap(self, live: list[AttemptRow], now: float, report: TickReport) -> list[AttemptRow]:
+        still: list[AttemptRow] = []
+        for a in live:
+            if a.state is AttemptState.LAUNCHING:
+                still.append(a)  # being launched by this tick's caller, or reconciled at start
+                continue
+            result = self._check(a, now)
+            if result is None:
+                still.append(a)
+            else:
+                report.reaped.append((a.job_id, result.value))
+        return still
+
+    def _check(self, a: AttemptRow, now: float) -> Outcome | None:
+        """Reap ``a`` if it ended; return its outcome, or None while it runs."""
+        paths = AttemptPaths(Path(a.dir))
+        exit_rec = paths.read_exit()
+        if exit_rec is None:
+            ex = self.executors.get(a.backend)
+            if ex is not None and a.handle is not None and ex.alive(a.handle):
+                return None
+            exit_rec = paths.read_exit()  # it may have written exit.json just before going
+        return self.reap_attempt(a, exit_rec, now)
+
+    def reap_attempt(self, a: AttemptRow, exit_rec, now: float) -> Outcome:  # type: ignore[no-untyped-def]
+        """Classify an ended attempt (``exit_rec`` None: vanished) and move its job on."""
+        job = self.store.job(a.job_id)
+        assert job is not None
+        paths = AttemptPaths(Path(a.dir))
+        failed = exit_rec is None or exit_rec.exit_code != 0 or exit_rec.oom_reported
+        tail = paths.log_tail() if failed else ""
+        result = outcome.classify(exit_rec, tail, cancel_requested=job.cancel_requested)
+        step = self._next_step(job, a, result, now)
+        self.store.finish_attempt(a.id, exit=exit_rec, result=result, step=step, now=now)
+        self._term_sent.pop(a.id, None)
+        self.on_event(f"{a.job_id}: attempt {a.n} ({a.tier_name}) {result.outcome.value} -> {step.reason}")
+        return result.outcome
+
+    def _next_step(self, job: JobRow, a: AttemptRow, result: Classification, now: float) -> Step:
+        suite = self._suite(job.suite)
+        tiers = suite.suite.tiers if suite else ()
+        return outcome.next_step(
+            result,
+            tier=a.tier,
+            tiers=tiers,
+            gpu=a.gpu,
+            errors_so_far=job.errors,
+            lost_so_far=job.lost,
+            retry=suite.suite.retry if suite else RetryPolicy(),
+            now=now,
+            max_lost=self.settings.max_lost,
+        )
+
+    # ------------------------------------------------------------------ cancel
+
+    def _stop_cancelled(self, live: list[AttemptRow], now: float) -> None:
+        wanted = set(self.store.cancel_requested())
+        if not wanted:
+            return
+        for a in live:
+            if a.job_id not in wanted or a.handle is None:
+                continue
+            ex = self.executors.get(a.backend)
+            if ex is None:
+                continue
+            sent = self._term_sent.get(a.id)
+            if sent is None:
+                ex.terminate(a.handle, force=False)
+                self._term_sent[a.id] = now
+                self.on_event(f"{a.job_id}: SIGTERM sent (cancel)")
+            elif now - sent >= self.settings.cancel_grace_s:
+                ex.terminate(a.handle, force=True)
+                self.on_event(f"{a.job_id}: SIGKILL sent to its process group after {self.settings.cancel_grace_s:.0f} s")
+                self._term_sent[a.id] = float("inf")  # once is enough
+
+    # ------------------------------------------------------------------ place + launch
+
+    def _suite(self, name: str) -> SuiteRow | None:
+        cached = self._suites.get(name)
+        row = self.store.db.execute("SELECT submitted_at FROM suites WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            return None
+        if cached is None or cached[0] != row["submitted_at"]:
+            s = self.store.suite(name)
+            assert s is not None
+            self._suites[name] = (row["submitted_at"], s)
+        return self._suites[name][1]
+
+    def _place(self, live: list[AttemptRow], gpus: list[GpuState], now: float, report: TickReport) -> None:
+        if self.store.flag("draining"):
+            return  # `gpusched drain`: running jobs finish, nothing new starts
+        queued = self._candidates(now)
+        if not queued:
+            return
+        views = self._views(live, gpus, now)
+        qjobs = [self._queued_view(j, gpus) for j in queued]
+        decision = placement.assign(qjobs, list(views.values()), headroom_frac=self.settings.headroom_frac)
+        by_id = {j.id: j for j in queued}
+        for p in decision.placements:
+            self._launch(by_id[p.job_id], p, gpus, now, report)
+        self.store.set_waits({w.job_id: w.reason for w in decision.waits})
+        report.waiting = len(decision.waits)
+
+    def _candidates(self, now: float) -> list[JobRow]:
+        rows = self.store.db.execute(
+            "SELECT * FROM jobs WHERE state = 'queued' AND (not_before IS NULL OR not_before <= ?)"
+            " ORDER BY priority DESC, seq LIMIT ?",
+            (now, self.settings.candidates),
+        ).fetchall()
+        return [JobRow.from_row(r) for r in rows]
+
+    def _views(self, live: list[AttemptRow], gpus: list[GpuState], now: float) -> dict[int, placement.GpuSlotView]:
+        running = Counter(a.gpu for a in live if a.gpu is not None)
+        exclusive = {a.gpu for a in live if a.gpu is not None and self._is_exclusive(a)}
+        reserved: Counter[int] = Counter()
+        for a in live:
+            if a.gpu is not None and a.predicted_mib and now - a.launched_at < self.settings.ramp_s:
+                reserved[a.gpu] += a.predicted_mib
+        known = {g.index: g for g in gpus}
+        indices = set(known) | {g for s in self._active_suites() for g in s.gpu_plan.gpus}
+        return {
+            i: placement.GpuSlotView(
+                index=i,
+                running=running[i],
+                exclusive_running=i in exclusive,
+                free_mib=known[i].free_mib if i in known else None,
+                total_mib=known[i].total_mib if i in known else None,
+                reserved_mib=reserved[i],
+            )
+            for i in sorted(indices)
+        }
+
+    def _active_suites(self) -> list[SuiteRow]:
+        names = [r["suite"] for r in self.store.db.execute("SELECT DISTINCT suite FROM jobs WHERE state = 'queued'")]
+        return [s for s in (self._suite(n) for n in names) if s is not None]
+
+    def _is_exclusive(self, a: AttemptRow) -> bool:
+        suite = self._suite(a.job_id.split("/", 1)[0])
+        if suite is None or a.tier >= len(suite.suite.tiers):
+            return False
+        return suite.suite.tiers[a.tier].exclusive
+
+    def _queued_view(self, job: JobRow, gpus: list[GpuState]) -> placement.QueuedJob:
+        suite = self._suite(job.suite)
+        assert suite is not None
+        plan = suite.gpu_plan
+        allowed = {g: plan.cap(g) for g in plan.gpus}
+        pred = self._predict(job, suite, gpus)
+        return placement.QueuedJob(
+            job_id=job.id,
+            seq=job.seq,
+            priority=job.priority,
+            tier=min(job.tier, len(suite.suite.tiers) - 1),
+            tiers=suite.suite.tiers,
+            allowed=allowed,
+            predicted_mib=pred.mib,
+            avoid_gpu=job.avoid_gpu,
+        )
+
+    def _predict(self, job: JobRow, suite: SuiteRow, gpus: list[GpuState]) -> predict.Prediction:
+        totals = [g.total_mib for g in gpus if g.index in suite.gpu_plan.gpus and g.total_mib]
+        default = None
+        if totals:
+            slots = max(1, max(suite.gpu_plan.slots))
+            default = int(min(totals) / slots * (1 - self.settings.headroom_frac))
+        samples = [
+            predict.PeakSample(job_id=r["job_id"], task=r["task"], tier=r["tier"], peak_mib=r["peak_mib"], outcome=r["outcome"])
+            for r in self.store.peak_history([job.task])
+        ]
+        return predict.predict_peak(job.task, job.id, job.tier, samples, default_mib=default)
+
+    def _launch(
+        self, job: JobRow, p, gpus: list[GpuState], now: float, report: TickReport  # type: ignore[no-untyped-def]
+    ) -> None:
+        suite_row = self._suite(job.suite)
+        assert suite_row is not None
+        suite: Suite = suite_row.suite
+        tier = suite.tiers[p.tier]
+        paths = AttemptPaths.for_attempt(suite.logs_dir, job.name, job.attempts + 1, tier.name)
+        gpu = next((g for g in gpus if g.index == p.gpu), None)
+        token = uuid.uuid4().hex[:16]
+        pred = self._predict(job, suite_row, gpus)
+        attempt_id = self.store.begin_attempt(
+            NewAttempt(
+                job_id=job.id,
+                tier=p.tier,
+                tier_name=tier.name,
+                gpu=p.gpu,
+                gpu_uuid=gpu.uuid if gpu else None,
+                backend=suite_row.backend,
+                dir=str(paths.dir),
+                token=token,
+                placement_reason=p.reason,
+                predicted_mib=pred.mib,
+                prediction_source=pred.source,
+            ),
+            now=now,
+        )
+        try:
+            materialize(
+                paths,
+                suite=suite,
+                job=job.spec,
+                tier_index=p.tier,
+                attempt_n=job.attempts + 1,
+                gpu=p.gpu,
+                gpu_uuid=gpu.uuid if gpu else None,
+                backend=suite_row.backend,
+                env_file=suite_row.env_path,
+            )
+            ex = self.executors[suite_row.backend]
+            handle = ex.launch(self._request(job, suite, paths, token))
+        except Exception as e:  # a launch that fails must not wedge the job in "running"
+            log.exception("launch of %s failed", job.id)
+            self._launch_failed(attempt_id, job, e, now)
+            return
+        self.store.mark_running(attempt_id, handle, now=now)
+        report.launched.append((job.id, p.gpu, tier.name))
+        where = f"GPU {p.gpu}" if p.gpu is not None else "no GPU"
+        self.on_event(f"{job.id}: attempt {job.attempts + 1} tier {tier.name} on {where} ({p.reason})")
+
+    def _request(self, job: JobRow, suite: Suite, paths: AttemptPaths, token: str) -> LaunchRequest:
+        env = {"GPUSCHED_JOB_ID": job.id}
+        if self.settings.wake_path:
+            env["GPUSCHED_WAKE"] = self.settings.wake_path
+        return LaunchRequest(
+            job_id=job.id,
+            suite=job.suite,
+            job_name=job.name,
+            token=token,
+            attempt_dir=paths.dir,
+            workdir=Path(suite.workdir),
+            env=env,
+            options=dict(self._suite(job.suite).options),  # type: ignore[union-attr]
+        )
+
+    def _launch_failed(self, attempt_id: int, job: JobRow, err: Exception, now: float) -> None:
+        result = Classification(outcome=Outcome.LOST, reason=f"launch failed: {err}")
+        lost = job.lost + 1
+        if lost >= self.settings.max_lost:
+            step = Step(kind=StepKind.FAIL, tier=job.tier, reason=f"launch failed {lost} times: {err}")
+        else:
+            step = Step(kind=StepKind.REQUEUE, tier=job.tier, reason=f"launch failed, retrying: {err}",
+                        not_before=now + 5.0 * lost)
+        self.store.finish_attempt(attempt_id, exit=None, result=result, step=step, now=now)
+
+    # ------------------------------------------------------------------ restart
+
+    def reconcile(self, now: float) -> list[str]:
+        """After a daemon (re)start: adopt what still runs, reap what ended while we were
+        down, and declare lost what vanished. Never launches anything twice: an attempt
+        recorded ``launching`` is adopted if any trace of it exists, else declared lost
+        (and its job requeued as a NEW attempt)."""
+        notes: list[str] = []
+        found: dict[str, tuple[str, Handle]] = {}
+        for name, ex in self.executors.items():
+            try:
+                for token, handle in ex.discover().items():
+                    found[token] = (name, handle)
+            except Exception as e:  # a backend that cannot answer must not stop the others
+                notes.append(f"{name}: could not list running attempts ({e})")
+        for a in self.store.live_attempts():
+            notes.append(self._reconcile_one(a, found, now))
+        return [n for n in notes if n]
+
+    def _reconcile_one(self, a: AttemptRow, found: dict[str, tuple[str, Handle]], now: float) -> str:
+        paths = AttemptPaths(Path(a.dir))
+        exit_rec = paths.read_exit()
+        if exit_rec is not None:
+            out = self.reap_attempt(a, exit_rec, now)
+            return f"{a.job_id}: ended while the daemon was down ({out.value})"
+        if a.token in found:
+            handle = found[a.token][1]
+            if a.state is AttemptState.LAUNCHING:
+                self.store.mark_running(a.id, handle, now=now)
+            else:
+                self.store.set_handle(a.id, {**(a.handle or {}), **handle})
+            return f"{a.job_id}: re-adopted"
+        ex = self.executors.get(a.backend)
+        if a.handle is not None and ex is not None and ex.alive(a.handle):
+            return f"{a.job_id}: still running"
+        pid = paths.read_pid()
+        if pid is not None and ex is not None and ex.alive({"pid": pid[0], "pid_started_at": pid[1]}):
+            self.store.mark_running(a.id, {"pid": pid[0], "pid_started_at": pid[1]}, now=now)
+            return f"{a.job_id}: re-adopted by pid {pid[0]}"
+        out = self.reap_attempt(a, paths.read_exit(), now)
+        return f"{a.job_id}: vanished with no exit record ({out.value})"

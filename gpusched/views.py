@@ -1,0 +1,212 @@
+"""What ``status`` shows: one plain document (stable JSON keys) and its rich rendering.
+
+``status_doc`` is plain data built from the store and a probe snapshot; ``render_status``
+turns it into rich tables. rich is imported only by the renderers, so ``status --json``
+stays fast.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from gpusched.attempt import AttemptPaths
+from gpusched.model import GpuState, JobState
+from gpusched.store import AttemptRow, JobRow, Store, SuiteRow
+
+MAX_TABLE_JOBS = 200
+
+
+def gib(mib: int | None) -> str:
+    return "?" if mib is None else f"{mib / 1024:.1f}"
+
+
+def job_doc(job: JobRow, last: AttemptRow | None, *, now: float, with_line: bool = True) -> dict[str, Any]:
+    runtime_s = None
+    if last is not None and last.started_at:
+        runtime_s = round((last.ended_at or now) - last.started_at, 1) if job.state is not JobState.QUEUED else None
+    log_path = str(AttemptPaths(Path(last.dir)).output) if last else None
+    doc: dict[str, Any] = {
+        "id": job.id,
+        "suite": job.suite,
+        "name": job.name,
+        "state": job.state.value,
+        "tier": last.tier_name if last and last.tier == job.tier else None,
+        "tier_index": job.tier,
+        "attempt": job.attempts,
+        "gpu": last.gpu if last and job.state is JobState.RUNNING else (last.gpu if last else None),
+        "outcome": job.outcome,
+        "reason": job.wait_reason if job.state is JobState.QUEUED and job.wait_reason else job.reason,
+        "line": job.line,
+        "log": log_path,
+        "runtime_s": runtime_s,
+        "started_at": last.started_at if last else None,
+        "ended_at": job.ended_at,
+        "predicted_mib": last.predicted_mib if last else None,
+        "prediction_source": last.prediction_source if last else None,
+        "peak_mib": last.peak_mib if last else None,
+        "cancel_requested": job.cancel_requested,
+        "backend_handle": last.handle if last else None,
+    }
+    if with_line and job.state is JobState.RUNNING and last is not None:
+        doc["last_line"] = AttemptPaths(Path(last.dir)).last_line()[:200]
+    return doc
+
+
+def tier_names(suites: dict[str, SuiteRow], job: JobRow) -> tuple[str, int]:
+    s = suites.get(job.suite)
+    if s is None or not s.suite.tiers:
+        return (str(job.tier), 1)
+    t = min(job.tier, len(s.suite.tiers) - 1)
+    return (s.suite.tiers[t].name, len(s.suite.tiers))
+
+
+def status_doc(
+    store: Store,
+    gpus: list[GpuState],
+    *,
+    daemon: dict[str, Any] | None,
+    suite: str | None = None,
+    notice: str | None = None,
+    now: float | None = None,
+    job_limit: int | None = None,
+) -> dict[str, Any]:
+    """The whole status as plain data. Keys of ``gpus`` and ``jobs`` entries are stable."""
+    now = time.time() if now is None else now
+    suites = {s.name: s for s in store.suites()}
+    jobs = store.jobs(suite=suite, limit=job_limit)
+    last = store.last_attempts([j.id for j in jobs if j.attempts])
+    live = store.live_attempts()
+    running_on = Counter(a.gpu for a in live if a.gpu is not None)
+    active = {j.suite for j in jobs if not j.state.terminal} or set(suites)
+    slots: dict[int, int] = {}
+    for s in suites.values():
+        if s.name in active:
+            for g, n in zip(s.gpu_plan.gpus, s.gpu_plan.slots, strict=True):
+                slots[g] = max(slots.get(g, 0), n)
+    ours = {h.get("pid") for a in live for h in [a.handle or {}] if h.get("pid")}
+    gdocs = []
+    indices = sorted({g.index for g in gpus} | set(slots))
+    by_index = {g.index: g for g in gpus}
+    for i in indices:
+        g = by_index.get(i)
+        gdocs.append(
+            {
+                "index": i,
+                "uuid": g.uuid if g else None,
+                "name": g.name if g else None,
+                "total_mib": g.total_mib if g else None,
+                "free_mib": g.free_mib if g else None,
+                "used_mib": g.used_mib if g else None,
+                "util_pct": g.util_pct if g else None,
+                "slots": slots.get(i, 0),
+                "running": running_on[i],
+                "processes": [
+                    {"pid": p.pid, "used_mib": p.used_mib, "ours": p.pid in ours} for p in (g.processes if g else ())
+                ],
+            }
+        )
+    jdocs = []
+    for j in jobs:
+        d = job_doc(j, last.get(j.id), now=now)
+        name, n = tier_names(suites, j)
+        d["tier"] = name
+        d["tiers"] = n
+        jdocs.append(d)
+    return {
+        "daemon": daemon,
+        "notice": notice,
+        "counts": store.counts(suite=suite),
+        "draining": bool(store.flag("draining")),
+        "gpus": gdocs,
+        "jobs": jdocs,
+    }
+
+
+# --------------------------------------------------------------------------- rich
+
+
+STATE_STYLE = {
+    "queued": "yellow",
+    "running": "cyan",
+    "succeeded": "green",
+    "failed": "bold red",
+    "cancelled": "magenta",
+}
+
+
+def render_status(doc: dict[str, Any], *, max_jobs: int = MAX_TABLE_JOBS) -> Any:
+    """A rich renderable: daemon line, GPU table, job table."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    parts: list[Any] = []
+    d = doc["daemon"]
+    head = Text()
+    if d:
+        head.append(f"daemon pid {d.get('pid')}  probe {d.get('probe')}", style="bold")
+    else:
+        head.append("daemon not running", style="bold red")
+        head.append("  (it starts with `gpusched submit`, or `gpusched daemon start`)")
+    if doc.get("draining"):
+        head.append("  DRAINING: no new launches (`gpusched drain --off` resumes)", style="bold yellow")
+    c = doc["counts"]
+    head.append("\n" + "  ".join(f"{k} {v}" for k, v in c.items()))
+    parts.append(head)
+    if doc.get("notice"):
+        parts.append(Text(doc["notice"], style="dim"))
+    if doc["gpus"]:
+        gt = Table(title="GPUs", title_justify="left", expand=False)
+        for col in ("GPU", "memory used / total GiB", "free GiB", "util", "slots", "outside processes"):
+            gt.add_column(col)
+        for g in doc["gpus"]:
+            outsiders = [p for p in g["processes"] if not p["ours"]]
+            gt.add_row(
+                str(g["index"]),
+                f"{gib(g['used_mib'])} / {gib(g['total_mib'])}",
+                gib(g["free_mib"]),
+                "?" if g["util_pct"] is None else f"{g['util_pct']}%",
+                f"{g['running']}/{g['slots']}",
+                ", ".join(f"pid {p['pid']} {gib(p['used_mib'])} GiB" for p in outsiders) or "",
+            )
+        parts.append(gt)
+    jobs = doc["jobs"]
+    jt = Table(title=f"Jobs ({len(jobs)})", title_justify="left")
+    for col in ("job", "state", "GPU", "tier", "attempt", "runtime", "outcome / why / last line"):
+        jt.add_column(col, overflow="fold")
+    shown = _pick_rows(jobs, max_jobs)
+    for j in shown:
+        why = j.get("last_line") if j["state"] == "running" else (j.get("reason") or "")
+        if j["state"] in ("failed",) and j.get("line"):
+            why = f"{j.get('reason')}: {j['line']}"
+        jt.add_row(
+            j["id"],
+            Text(j["state"] + (" (stopping)" if j.get("cancel_requested") else ""), style=STATE_STYLE.get(j["state"], "")),
+            "" if j["gpu"] is None or j["state"] != "running" else str(j["gpu"]),
+            f"{j['tier']}",
+            f"{j['attempt']}" if j["attempt"] else "",
+            _dur(j.get("runtime_s")),
+            (f"[{j['outcome']}] " if j.get("outcome") and j["state"] != "running" else "") + (why or ""),
+        )
+    parts.append(jt)
+    if len(shown) < len(jobs):
+        parts.append(Text(f"... {len(jobs) - len(shown)} more jobs (use --json or --suite)", style="dim"))
+    return Group(*parts)
+
+
+def _pick_rows(jobs: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """Running and failed jobs first, then queued, then the rest, up to ``n`` rows."""
+    order = {"running": 0, "failed": 1, "queued": 2, "cancelled": 3, "succeeded": 4}
+    return sorted(jobs, key=lambda j: order.get(j["state"], 9))[:n] if len(jobs) > n else jobs
+
+
+def _dur(s: float | None) -> str:
+    if s is None:
+        return ""
+    s = int(s)
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
