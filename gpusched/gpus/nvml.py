@@ -1,0 +1,230 @@
+"""The real probe: nvidia-ml-py (module ``pynvml``), imported lazily so that importing
+gpusched never loads NVML.
+
+This module is the one boundary where NVML errors become "unknown" (STYLE #9):
+
+- a failing field (one call on one device) reads as ``None`` (or no processes);
+- a failing whole read (device count, a device handle) is retried a few times within about
+  0.1 s, then gives an "unknown" snapshot: the GPUs seen last time with ``None`` values,
+  or ``[]`` when none was ever seen;
+- no driver, no library, no GPU: ``[]`` and a one-line :meth:`NvmlProbe.notice`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from types import ModuleType
+from typing import Any
+
+from tenacity import Retrying, stop_after_attempt, wait_exponential
+
+from gpusched.model import GpuProcess, GpuState
+
+_BYTES_PER_MIB = 1024 * 1024
+_NOT_AVAILABLE = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE as an unsigned long long
+_PROCESS_CALLS = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses")
+
+
+class NvmlProbe:
+    """Reads every GPU NVML sees. NVML is initialised once, on first use; a failed
+    initialisation is remembered (the notice says why) and is not retried."""
+
+    name = "nvml"
+
+    def __init__(
+        self,
+        *,
+        attempts: int = 3,
+        retry_wait_s: float = 0.02,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._attempts = max(1, attempts)
+        self._retry_wait_s = retry_wait_s
+        self._clock = clock
+        self._sleep = sleep
+        self._nvml: ModuleType | None = None
+        self._init_tried = False
+        self._problem: str | None = None
+        self._known: tuple[GpuState, ...] = ()
+
+    @classmethod
+    def available(cls) -> bool:
+        """True when NVML initialises and reports at least one GPU. Never raises."""
+        return cls().is_available()
+
+    def is_available(self) -> bool:
+        """This instance's view of :meth:`available` (initialises NVML if needed)."""
+        nvml = self._ensure_init()
+        if nvml is None:
+            return False
+        try:
+            count = int(nvml.nvmlDeviceGetCount())
+        except Exception as err:
+            self._problem = f"cannot count GPUs: {describe_error(err)}"
+            return False
+        if count <= 0:
+            self._problem = "the driver reports 0 GPUs"
+        return count > 0
+
+    def snapshot(self) -> list[GpuState]:
+        """Every GPU, index order; never raises (see the module docstring)."""
+        try:
+            nvml = self._ensure_init()
+            return [] if nvml is None else self._read_with_retry(nvml)
+        except Exception as err:
+            self._problem = f"reading GPUs failed: {describe_error(err)}"
+            return self._unknown_snapshot()
+
+    def notice(self) -> str | None:
+        """``None`` when NVML works, else ``"NVML unavailable: <reason>; placing by slots only"``."""
+        if self._problem is None and not self._known:
+            self.is_available()
+        if self._problem is None:
+            return None
+        return f"NVML unavailable: {self._problem}; placing by slots only"
+
+    @property
+    def problem(self) -> str | None:
+        """Why NVML gives nothing (no library, no driver, 0 GPUs, last read failed), or ``None``."""
+        return self._problem
+
+    def close(self) -> None:
+        """Release NVML (optional; NVML counts its initialisations)."""
+        if self._nvml is not None:
+            _call(self._nvml.nvmlShutdown)
+            self._nvml, self._init_tried = None, False
+
+    # ------------------------------------------------------------------ internals
+
+    def _ensure_init(self) -> ModuleType | None:
+        if not self._init_tried:
+            self._init_tried = True
+            self._nvml = self._init()
+        return self._nvml
+
+    def _init(self) -> ModuleType | None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+        except Exception as err:  # ImportError, NVMLError, OSError from ctypes...
+            self._problem = describe_error(err)
+            return None
+        return pynvml
+
+    def _read_with_retry(self, nvml: ModuleType) -> list[GpuState]:
+        retrying = Retrying(
+            stop=stop_after_attempt(self._attempts),
+            wait=wait_exponential(multiplier=self._retry_wait_s, max=0.2),
+            sleep=self._sleep,
+            reraise=True,
+        )
+        states = retrying(read_all, nvml, self._clock())
+        self._known = tuple(states)
+        self._problem = None if states else "the driver reports 0 GPUs"
+        return states
+
+    def _unknown_snapshot(self) -> list[GpuState]:
+        now = self._clock()
+        return [
+            GpuState(index=g.index, uuid=g.uuid, name=g.name, total_mib=g.total_mib, sampled_at=now)
+            for g in self._known
+        ]
+
+
+def read_all(nvml: Any, now: float) -> list[GpuState]:
+    """One read of every device. Raises when the device list itself cannot be read."""
+    count = int(nvml.nvmlDeviceGetCount())
+    handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    return [read_device(nvml, i, handle, now) for i, handle in enumerate(handles)]
+
+
+def read_device(nvml: Any, index: int, handle: Any, now: float) -> GpuState:
+    """One device; each field that NVML refuses is ``None``."""
+    memory = read_memory(nvml, handle)
+    util = _call(nvml.nvmlDeviceGetUtilizationRates, handle)
+    return GpuState(
+        index=index,
+        uuid=_text(_call(nvml.nvmlDeviceGetUUID, handle)),
+        name=_text(_call(nvml.nvmlDeviceGetName, handle)),
+        total_mib=to_mib(getattr(memory, "total", None)),
+        free_mib=to_mib(getattr(memory, "free", None)),
+        used_mib=to_mib(getattr(memory, "used", None)),
+        util_pct=_int(getattr(util, "gpu", None)),
+        processes=read_processes(nvml, handle),
+        sampled_at=now,
+    )
+
+
+def read_memory(nvml: Any, handle: Any) -> Any:
+    """The v2 memory record (its ``used`` leaves out driver-reserved memory) where this
+    nvidia-ml-py and driver have it, else v1; ``None`` when neither answers."""
+    version = getattr(nvml, "nvmlMemory_v2", None)
+    if version is not None:
+        memory = _call(nvml.nvmlDeviceGetMemoryInfo, handle, version=version)
+        if memory is not None:
+            return memory
+    return _call(nvml.nvmlDeviceGetMemoryInfo, handle)
+
+
+def read_processes(nvml: Any, handle: Any) -> tuple[GpuProcess, ...]:
+    """Compute and graphics processes, one entry per pid (the larger known usage wins)."""
+    by_pid: dict[int, GpuProcess] = {}
+    for proc in _raw_processes(nvml, handle):
+        pid = _int(getattr(proc, "pid", None))
+        if pid is not None:
+            by_pid[pid] = _merge_process(by_pid.get(pid), pid, to_mib(getattr(proc, "usedGpuMemory", None)))
+    return tuple(by_pid[pid] for pid in sorted(by_pid))
+
+
+def _raw_processes(nvml: Any, handle: Any) -> Iterable[Any]:
+    for call_name in _PROCESS_CALLS:
+        call = getattr(nvml, call_name, None)
+        yield from (_call(call, handle) or []) if call is not None else []
+
+
+def _merge_process(old: GpuProcess | None, pid: int, used_mib: int | None) -> GpuProcess:
+    if old is None or old.used_mib is None:
+        return GpuProcess(pid=pid, used_mib=used_mib)
+    return GpuProcess(pid=pid, used_mib=max(old.used_mib, used_mib or 0))
+
+
+def to_mib(value: Any) -> int | None:
+    """Bytes -> MiB; ``None`` for missing values and NVML_VALUE_NOT_AVAILABLE."""
+    number = _int(value)
+    if number is None or number == _NOT_AVAILABLE or number < 0:
+        return None
+    return number // _BYTES_PER_MIB
+
+
+def describe_error(err: BaseException) -> str:
+    """A short reason for the notice: NVML's own words where it has them."""
+    if isinstance(err, ImportError):
+        return "nvidia-ml-py (pynvml) is not installed"
+    text = str(err).strip()
+    return text if text and type(err).__name__.startswith("NVMLError") else f"{type(err).__name__}: {text}"
+
+
+def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    # Per-field boundary: NVML raises NVMLError subclasses, ctypes may raise others.
+    try:
+        return fn(*args, **kwargs)
+    except Exception:
+        return None
+
+
+def _text(value: Any) -> str | None:
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return value if isinstance(value, str) else None
+
+
+def _int(value: Any) -> int | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None

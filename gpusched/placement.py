@@ -1,0 +1,311 @@
+"""Which queued job goes to which GPU now, and why. Pure: plain values in, a
+:class:`Decision` out; no clock, file or process (STYLE #2).
+
+Rules, checked per job and per GPU in this order (the first that fails vetoes the GPU):
+
+1. **plan**: the job's suite gpu-plan must list the GPU (``allowed[g] > 0``).
+2. **slots**: ``allowed[g] > running`` on that GPU, where ``running`` counts every job on the
+   card, from every suite: the plan's cap is a hard cap per card.
+3. **alone**: a card running an exclusive job takes nothing else.
+4. **exclusive tier**: a job whose tier is ``exclusive`` needs a card with nothing running.
+5. **tier minimum**: when the card's free memory is known, ``free - reserved`` must be at
+   least the tier's ``min_free_mib``.
+6. **prediction**: when free memory and the job's ``predicted_mib`` are known, the card is
+   vetoed when ``free - reserved - headroom_frac * total < predicted`` (no headroom term when
+   the card's total is unknown). ``reserved`` is memory predicted for recently launched jobs
+   that the card does not show yet.
+
+Among the GPUs left, the job takes the one with the most usable free memory
+(``free - reserved``; unknown sorts after known), then the fewest running jobs, then the
+lowest index. ``avoid_gpu`` (where its last attempt failed) is skipped when another GPU is
+left.
+
+Jobs are served in order of priority (high first), then predicted peak (largest first,
+unknown last), then ``seq`` (FIFO). A job that cannot go anywhere does not block the jobs
+after it. Each placement updates the views (``running + 1``, ``reserved + predicted``)
+before the next job is considered.
+
+Every placement carries a reason; every job left waiting carries the binding constraint:
+the veto of the GPUs that got furthest through the checks above.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from gpusched.model import MIB_PER_GIB, GpuState, Placement, Tier, Wait
+
+DEFAULT_HEADROOM_FRAC = 0.10
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueuedJob:
+    """A job waiting for a GPU, with what placement needs to know of it."""
+
+    job_id: str
+    seq: int  # enqueue order; FIFO among equals
+    priority: int = 0
+    tier: int
+    tiers: tuple[Tier, ...]  # the suite's ladder; ``tiers[tier]`` is the job's tier
+    allowed: Mapping[int, int]  # gpu index -> slot cap from the job's suite gpu-plan
+    predicted_mib: int | None = None  # peak at its current tier, None when unknown
+    avoid_gpu: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuSlotView:
+    """One GPU as placement sees it: occupancy and, when a probe knows it, memory."""
+
+    index: int
+    running: int = 0  # jobs on this card now, from all suites
+    exclusive_running: bool = False
+    free_mib: int | None = None
+    total_mib: int | None = None
+    reserved_mib: int = 0  # predicted-but-not-yet-visible memory of recently launched jobs
+
+    @property
+    def usable_mib(self) -> int | None:
+        """Free memory not yet promised to a just-launched job; ``None`` when unknown."""
+        return None if self.free_mib is None else self.free_mib - self.reserved_mib
+
+
+@dataclass(frozen=True, kw_only=True)
+class Decision:
+    placements: tuple[Placement, ...] = ()
+    waits: tuple[Wait, ...] = ()
+
+
+class Veto(enum.IntEnum):
+    """Why a GPU cannot take a job; the order is how far the GPU got through the rules."""
+
+    NOT_IN_PLAN = 1
+    SLOTS = 2
+    EXCLUSIVE_THERE = 3
+    NEEDS_EMPTY = 4
+    MIN_FREE = 5
+    MEMORY = 6
+
+
+# --------------------------------------------------------------------------- the decision
+
+
+def assign(
+    queued: Sequence[QueuedJob],
+    gpus: Sequence[GpuSlotView],
+    *,
+    headroom_frac: float = DEFAULT_HEADROOM_FRAC,
+) -> Decision:
+    """Place as many queued jobs as the rules allow (see the module docstring)."""
+    views = {g.index: g for g in sorted(gpus, key=lambda g: g.index)}
+    placements: list[Placement] = []
+    waits: list[Wait] = []
+    for job in sorted(queued, key=job_order):
+        outcome = place_one(job, list(views.values()), headroom_frac)
+        if isinstance(outcome, Wait):
+            waits.append(outcome)
+            continue
+        placements.append(outcome)
+        if outcome.gpu is not None:
+            views[outcome.gpu] = occupy(views[outcome.gpu], job)
+    return Decision(placements=tuple(placements), waits=tuple(waits))
+
+
+def job_order(job: QueuedJob) -> tuple[int, bool, int, int]:
+    """Priority desc, then predicted peak desc (unknown last), then seq."""
+    return (-job.priority, job.predicted_mib is None, -(job.predicted_mib or 0), job.seq)
+
+
+def place_one(job: QueuedJob, views: Sequence[GpuSlotView], headroom_frac: float) -> Placement | Wait:
+    """The GPU for one job given the current views, or why it waits."""
+    vetoes = {g.index: veto(job, g, headroom_frac) for g in views}
+    ranked = sorted((g for g in views if vetoes[g.index] is None), key=rank_key)
+    if not ranked:
+        return Wait(job_id=job.job_id, reason=wait_reason(job, views, vetoes, headroom_frac))
+    chosen, avoided = _skip_avoided(ranked, job.avoid_gpu)
+    others = [g for g in ranked if g.index not in (chosen.index, avoided)]
+    reason = placement_reason(job, chosen, others, avoided)
+    return Placement(job_id=job.job_id, gpu=chosen.index, tier=job.tier, reason=reason)
+
+
+def veto(job: QueuedJob, gpu: GpuSlotView, headroom_frac: float) -> Veto | None:
+    """The first rule ``gpu`` breaks for ``job``, or ``None`` when it may take the job."""
+    slot = _slot_veto(job, gpu)
+    return slot if slot is not None else _memory_veto(job, gpu, headroom_frac)
+
+
+def _slot_veto(job: QueuedJob, gpu: GpuSlotView) -> Veto | None:
+    cap = job.allowed.get(gpu.index, 0)
+    if cap <= 0:
+        return Veto.NOT_IN_PLAN
+    if gpu.running >= cap:
+        return Veto.SLOTS
+    if gpu.exclusive_running:
+        return Veto.EXCLUSIVE_THERE
+    if tier_of(job).exclusive and gpu.running > 0:
+        return Veto.NEEDS_EMPTY
+    return None
+
+
+def _memory_veto(job: QueuedJob, gpu: GpuSlotView, headroom_frac: float) -> Veto | None:
+    usable, min_free = gpu.usable_mib, tier_of(job).min_free_mib
+    if usable is None:
+        return None
+    if min_free is not None and usable < min_free:
+        return Veto.MIN_FREE
+    if job.predicted_mib is not None and usable - headroom_mib(gpu, headroom_frac) < job.predicted_mib:
+        return Veto.MEMORY
+    return None
+
+
+def rank_key(gpu: GpuSlotView) -> tuple[bool, int, int, int]:
+    """Most usable free memory first (unknown after known), then fewest running, then index."""
+    usable = gpu.usable_mib
+    return (usable is None, -(usable or 0), gpu.running, gpu.index)
+
+
+def occupy(gpu: GpuSlotView, job: QueuedJob) -> GpuSlotView:
+    """``gpu`` after ``job`` was placed on it."""
+    return replace(
+        gpu,
+        running=gpu.running + 1,
+        reserved_mib=gpu.reserved_mib + (job.predicted_mib or 0),
+        exclusive_running=gpu.exclusive_running or tier_of(job).exclusive,
+    )
+
+
+def tier_of(job: QueuedJob) -> Tier:
+    """The job's tier; an index outside the ladder reads as a tier with no constraints
+    (placement never raises into the loop; the plan loader validates tiers)."""
+    if 0 <= job.tier < len(job.tiers):
+        return job.tiers[job.tier]
+    return Tier(name=f"#{job.tier}")
+
+
+def headroom_mib(gpu: GpuSlotView, headroom_frac: float) -> int:
+    return 0 if gpu.total_mib is None else int(headroom_frac * gpu.total_mib)
+
+
+def _skip_avoided(ranked: list[GpuSlotView], avoid: int | None) -> tuple[GpuSlotView, int | None]:
+    kept = [g for g in ranked if g.index != avoid]
+    if kept and len(kept) < len(ranked):
+        return kept[0], avoid
+    return ranked[0], None
+
+
+# --------------------------------------------------------------------------- reasons
+
+
+def placement_reason(
+    job: QueuedJob, chosen: GpuSlotView, others: Sequence[GpuSlotView], avoided: int | None
+) -> str:
+    """``"GPU 3: most free memory (21.3 GiB free, 1/2 slots used, needs ~9.0 GiB)"``."""
+    details = [_free_text(chosen), f"{chosen.running}/{job.allowed[chosen.index]} slots used"]
+    if job.predicted_mib is not None:
+        details.append(f"needs ~{gib(job.predicted_mib)}")
+    text = f"GPU {chosen.index}: {_why_best(chosen, others, avoided)} ({', '.join(details)})"
+    return text + (f"; GPU {avoided} avoided (its last attempt failed there)" if avoided is not None else "")
+
+
+def _why_best(chosen: GpuSlotView, others: Sequence[GpuSlotView], avoided: int | None) -> str:
+    if not others:
+        return "the only other GPU that fits" if avoided is not None else "the only GPU that fits"
+    runner_up = min(others, key=rank_key)
+    if chosen.usable_mib is not None and (
+        runner_up.usable_mib is None or chosen.usable_mib > runner_up.usable_mib
+    ):
+        return "most free memory"
+    if chosen.running < runner_up.running:
+        return "fewest running jobs"
+    return "lowest index among equals"
+
+
+def wait_reason(
+    job: QueuedJob, views: Sequence[GpuSlotView], vetoes: Mapping[int, Veto | None], headroom_frac: float
+) -> str:
+    """The binding constraint: the veto of the GPUs that got furthest through the rules."""
+    planned = [g for g in views if vetoes[g.index] is not Veto.NOT_IN_PLAN]
+    if not planned:
+        return _not_in_plan_reason(job, views)
+    furthest = max(v for v in (vetoes[g.index] for g in planned) if v is not None)
+    best = min((g for g in planned if vetoes[g.index] is furthest), key=rank_key)
+    if furthest in (Veto.SLOTS, Veto.EXCLUSIVE_THERE):
+        return _busy_reason(job, planned, vetoes, views)
+    tier = tier_of(job)
+    if furthest is Veto.NEEDS_EMPTY:
+        return f"waits for an empty GPU (tier {tier.name} runs alone)"
+    has = f"GPU {best.index} has {_free_text(best)}"
+    if furthest is Veto.MIN_FREE:
+        return f"{has}, tier {tier.name} needs at least {gib(tier.min_free_mib or 0)}"
+    return f"{has}, needs {gib(job.predicted_mib or 0)}{_headroom_text(best, headroom_frac)}"
+
+
+def _busy_reason(
+    job: QueuedJob,
+    planned: Sequence[GpuSlotView],
+    vetoes: Mapping[int, Veto | None],
+    views: Sequence[GpuSlotView],
+) -> str:
+    alone = [str(g.index) for g in planned if vetoes[g.index] is Veto.EXCLUSIVE_THERE]
+    suffix = f" (GPU {','.join(alone)} runs an exclusive job)" if alone else ""
+    if len(planned) == len(views):
+        return f"all {sum(job.allowed[g.index] for g in planned)} slots busy{suffix}"
+    return f"its GPUs ({_index_list(g.index for g in planned)}) are busy{suffix}"
+
+
+def _not_in_plan_reason(job: QueuedJob, views: Sequence[GpuSlotView]) -> str:
+    wanted = [g for g, cap in job.allowed.items() if cap > 0]
+    if not wanted:
+        return "its gpu-plan gives it no slot on any GPU"
+    seen = _index_list(g.index for g in views) or "none"
+    return f"its GPUs ({_index_list(wanted)}) are not among the GPUs seen ({seen})"
+
+
+def _free_text(gpu: GpuSlotView) -> str:
+    if gpu.usable_mib is None:
+        return "free memory unknown"
+    if gpu.reserved_mib:
+        return f"{gib(gpu.usable_mib)} free after {gib(gpu.reserved_mib)} reserved for just-launched jobs"
+    return f"{gib(gpu.usable_mib)} free"
+
+
+def _headroom_text(gpu: GpuSlotView, headroom_frac: float) -> str:
+    return f" (+{headroom_frac:.0%} headroom)" if headroom_mib(gpu, headroom_frac) > 0 else ""
+
+
+def _index_list(indices: Iterable[int]) -> str:
+    return ",".join(str(i) for i in sorted(indices))
+
+
+def gib(mib: int) -> str:
+    """``9216`` -> ``"9.0 GiB"``."""
+    return f"{mib / MIB_PER_GIB:.1f} GiB"
+
+
+# --------------------------------------------------------------------------- building views
+
+
+def gpu_views(
+    indices: Iterable[int],
+    states: Sequence[GpuState] = (),
+    *,
+    running: Mapping[int, int] | None = None,
+    exclusive: Iterable[int] = (),
+    reserved_mib: Mapping[int, int] | None = None,
+) -> tuple[GpuSlotView, ...]:
+    """Views for ``indices`` (every GPU any plan uses), with memory from the probe's
+    ``states`` where it has them (a GPU the probe does not list gets unknown memory)."""
+    by_index = {s.index: s for s in states}
+    alone, running, reserved_mib = frozenset(exclusive), running or {}, reserved_mib or {}
+    return tuple(
+        GpuSlotView(
+            index=i,
+            running=running.get(i, 0),
+            exclusive_running=i in alone,
+            free_mib=by_index[i].free_mib if i in by_index else None,
+            total_mib=by_index[i].total_mib if i in by_index else None,
+            reserved_mib=reserved_mib.get(i, 0),
+        )
+        for i in sorted(set(indices))
+    )

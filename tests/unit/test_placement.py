@@ -1,0 +1,515 @@
+"""placement.assign: one table test per rule and reason, then properties over random queues."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpusched.model import GpuProcess, GpuState, Placement, Tier
+from gpusched.placement import (
+    Decision,
+    GpuSlotView,
+    QueuedJob,
+    assign,
+    gpu_views,
+    headroom_mib,
+    job_order,
+    tier_of,
+)
+
+GIB = 1024
+TIERS = (
+    Tier(name="A"),
+    Tier(name="B", min_free_mib=12 * GIB),
+    Tier(name="D", exclusive=True),
+)
+TIER_A, TIER_B, TIER_D = 0, 1, 2
+
+
+def job(
+    job_id: str = "j",
+    *,
+    seq: int = 0,
+    tier: int = TIER_A,
+    allowed: dict[int, int] | None = None,
+    predicted: int | None = None,
+    priority: int = 0,
+    avoid: int | None = None,
+) -> QueuedJob:
+    return QueuedJob(
+        job_id=job_id,
+        seq=seq,
+        priority=priority,
+        tier=tier,
+        tiers=TIERS,
+        allowed={i: 2 for i in range(8)} if allowed is None else allowed,
+        predicted_mib=predicted,
+        avoid_gpu=avoid,
+    )
+
+
+def gpu(
+    index: int,
+    *,
+    running: int = 0,
+    free: float | None = None,
+    total: float | None = None,
+    reserved: float = 0,
+    exclusive: bool = False,
+) -> GpuSlotView:
+    """Memory in GiB for readability."""
+    return GpuSlotView(
+        index=index,
+        running=running,
+        exclusive_running=exclusive,
+        free_mib=None if free is None else int(free * GIB),
+        total_mib=None if total is None else int(total * GIB),
+        reserved_mib=int(reserved * GIB),
+    )
+
+
+def one(queued: QueuedJob, gpus: Sequence[GpuSlotView], **kwargs: float) -> Placement | str:
+    """The single job's placement, or its wait reason."""
+    decision = assign([queued], gpus, **kwargs)
+    if decision.placements:
+        return decision.placements[0]
+    return decision.waits[0].reason
+
+
+# --------------------------------------------------------------------------- choice and reasons
+
+PLACED = [
+    pytest.param(
+        job(),
+        [gpu(0, free=10, total=24), gpu(1, free=20, total=24, running=1)],
+        1,
+        "GPU 1: most free memory (20.0 GiB free, 1/2 slots used)",
+        id="most-free-memory",
+    ),
+    pytest.param(
+        job(),
+        [gpu(0, free=20, running=1), gpu(1, free=20)],
+        1,
+        "GPU 1: fewest running jobs (20.0 GiB free, 0/2 slots used)",
+        id="tie-on-memory-fewest-running",
+    ),
+    pytest.param(
+        job(),
+        [gpu(0, free=20), gpu(1, free=20)],
+        0,
+        "GPU 0: lowest index among equals",
+        id="full-tie-lowest-index",
+    ),
+    pytest.param(
+        job(),
+        [gpu(0), gpu(1, free=1)],
+        1,
+        "GPU 1: most free memory (1.0 GiB free",
+        id="unknown-free-sorts-after-known",
+    ),
+    pytest.param(
+        job(),
+        [gpu(0, running=1), gpu(1)],
+        1,
+        "GPU 1: fewest running jobs (free memory unknown, 0/2 slots used)",
+        id="no-memory-info-fewest-running",
+    ),
+    pytest.param(
+        job(allowed={0: 1, 1: 1}),
+        [gpu(0, running=1, free=23), gpu(1, free=2)],
+        1,
+        "GPU 1: the only GPU that fits (2.0 GiB free, 0/1 slots used)",
+        id="slot-cap-counts-every-suite",
+    ),
+    pytest.param(
+        job(predicted=9 * GIB),
+        [gpu(0, free=20, total=24)],
+        0,
+        "GPU 0: the only GPU that fits (20.0 GiB free, 0/2 slots used, needs ~9.0 GiB)",
+        id="reason-shows-prediction",
+    ),
+    pytest.param(
+        job(tier=TIER_D),
+        [gpu(0, running=1, free=20), gpu(1, free=5)],
+        1,
+        "GPU 1: the only GPU that fits",
+        id="exclusive-tier-takes-empty-card",
+    ),
+    pytest.param(
+        job(tier=TIER_B),
+        [gpu(0), gpu(1, running=1)],
+        0,
+        "GPU 0: fewest running jobs",
+        id="tier-minimum-ignored-when-free-unknown",
+    ),
+    pytest.param(
+        job(predicted=40 * GIB),
+        [gpu(0, running=1), gpu(1, free=0.1, total=24)],
+        0,
+        "GPU 0: the only GPU that fits (free memory unknown",
+        id="prediction-ignored-when-free-unknown",
+    ),
+    pytest.param(
+        job(predicted=None),
+        [gpu(0, free=0.1, total=24)],
+        0,
+        "GPU 0: the only GPU that fits (0.1 GiB free",
+        id="unknown-prediction-no-veto",
+    ),
+    pytest.param(
+        job(avoid=1),
+        [gpu(0, free=10), gpu(1, free=20), gpu(2, free=5)],
+        0,
+        "GPU 0: most free memory (10.0 GiB free, 0/2 slots used); GPU 1 avoided",
+        id="avoid-gpu-when-another-exists",
+    ),
+    pytest.param(
+        job(avoid=1),
+        [gpu(0, running=2), gpu(1, free=20)],
+        1,
+        "GPU 1: the only GPU that fits",
+        id="avoid-gpu-ignored-when-alone",
+    ),
+    pytest.param(
+        job(avoid=1),
+        [gpu(0, free=10), gpu(1, free=20)],
+        0,
+        "GPU 0: the only other GPU that fits (10.0 GiB free, 0/2 slots used); GPU 1 avoided",
+        id="avoid-gpu-leaves-one",
+    ),
+    pytest.param(
+        job(predicted=9 * GIB),
+        [gpu(0, free=9 * 1.1 + 0.01, total=9)],
+        0,
+        "GPU 0:",
+        id="headroom-is-a-fraction-of-total",
+    ),
+]
+
+
+@pytest.mark.parametrize(("queued", "gpus", "expected_gpu", "reason"), PLACED)
+def test_placement_choice_and_reason(
+    queued: QueuedJob, gpus: list[GpuSlotView], expected_gpu: int, reason: str
+) -> None:
+    placed = one(queued, gpus)
+    assert isinstance(placed, Placement), placed
+    assert placed.gpu == expected_gpu
+    assert placed.tier == queued.tier
+    assert placed.reason.startswith(reason), placed.reason
+
+
+WAITS = [
+    pytest.param(
+        job(),
+        [gpu(i, running=2, free=20) for i in range(7)],
+        "all 14 slots busy",
+        id="all-slots-busy",
+    ),
+    pytest.param(
+        job(allowed={4: 1, 5: 1}),
+        [gpu(i, free=20, running=1 if i in (4, 5) else 0) for i in range(6)],
+        "its GPUs (4,5) are busy",
+        id="subset-of-gpus-busy",
+    ),
+    pytest.param(
+        job(allowed={0: 2, 1: 2}),
+        [gpu(0, running=1, exclusive=True), gpu(1, running=2)],
+        "all 4 slots busy (GPU 0 runs an exclusive job)",
+        id="exclusive-job-blocks-card",
+    ),
+    pytest.param(
+        job(tier=TIER_D),
+        [gpu(0, running=1, free=20), gpu(1, running=1, free=20)],
+        "waits for an empty GPU (tier D runs alone)",
+        id="exclusive-tier-needs-empty",
+    ),
+    pytest.param(
+        job(tier=TIER_B),
+        [gpu(0, free=10, total=24), gpu(1, free=4, total=24)],
+        "GPU 0 has 10.0 GiB free, tier B needs at least 12.0 GiB",
+        id="tier-minimum-free",
+    ),
+    pytest.param(
+        job(predicted=9 * GIB),
+        [gpu(i, free=f, total=24) for i, f in enumerate([0.5, 0.8, 1.0, 1.2])],
+        "GPU 3 has 1.2 GiB free, needs 9.0 GiB (+10% headroom)",
+        id="prediction-too-big",
+    ),
+    pytest.param(
+        job(predicted=9 * GIB),
+        [gpu(0, free=20, total=24, reserved=15)],
+        "GPU 0 has 5.0 GiB free after 15.0 GiB reserved for just-launched jobs,"
+        " needs 9.0 GiB (+10% headroom)",
+        id="reservations-count",
+    ),
+    pytest.param(
+        job(predicted=9 * GIB),
+        [gpu(0, free=8)],
+        "GPU 0 has 8.0 GiB free, needs 9.0 GiB",
+        id="no-headroom-when-total-unknown",
+    ),
+    pytest.param(
+        job(predicted=9 * GIB),
+        [gpu(0, running=2, free=23, total=24), gpu(1, free=5, total=24)],
+        "GPU 1 has 5.0 GiB free, needs 9.0 GiB (+10% headroom)",
+        id="binding-constraint-is-the-furthest-veto",
+    ),
+    pytest.param(
+        job(allowed={7: 2}),
+        [gpu(i) for i in range(4)],
+        "its GPUs (7) are not among the GPUs seen (0,1,2,3)",
+        id="plan-gpus-absent",
+    ),
+    pytest.param(
+        job(allowed={0: 0}),
+        [gpu(0)],
+        "its gpu-plan gives it no slot on any GPU",
+        id="plan-gives-no-slot",
+    ),
+    pytest.param(
+        job(),
+        [],
+        "its GPUs (0,1,2,3,4,5,6,7) are not among the GPUs seen (none)",
+        id="no-gpus-at-all",
+    ),
+]
+
+
+@pytest.mark.parametrize(("queued", "gpus", "reason"), WAITS)
+def test_wait_reason_names_the_binding_constraint(
+    queued: QueuedJob, gpus: list[GpuSlotView], reason: str
+) -> None:
+    assert one(queued, gpus) == reason
+
+
+def test_headroom_boundary_is_inclusive() -> None:
+    card = gpu(0, free=20, total=24)
+    need = card.free_mib - headroom_mib(card, 0.10)  # type: ignore[operator]
+    assert isinstance(one(job(predicted=need), [card]), Placement)
+    assert isinstance(one(job(predicted=need + 1), [card]), str)
+
+
+def test_headroom_fraction_is_a_parameter() -> None:
+    card = gpu(0, free=10, total=20)
+    assert isinstance(one(job(predicted=9 * GIB), [card]), str)
+    assert isinstance(one(job(predicted=9 * GIB), [card], headroom_frac=0.0), Placement)
+    assert one(job(predicted=9 * GIB), [card], headroom_frac=0.2).endswith("(+20% headroom)")  # type: ignore[union-attr]
+
+
+def test_tier_minimum_counts_reservations() -> None:
+    assert isinstance(one(job(tier=TIER_B), [gpu(0, free=20, reserved=9)]), str)
+    assert isinstance(one(job(tier=TIER_B), [gpu(0, free=20, reserved=8)]), Placement)
+
+
+def test_unknown_tier_index_has_no_constraints() -> None:
+    assert tier_of(job(tier=9)).name == "#9"
+    assert isinstance(one(job(tier=9), [gpu(0, running=1)]), Placement)
+
+
+# --------------------------------------------------------------------------- several jobs
+
+
+def test_queue_order_priority_then_size_then_fifo() -> None:
+    jobs = [
+        job("small", seq=0, predicted=1 * GIB),
+        job("unknown", seq=1),
+        job("big", seq=2, predicted=9 * GIB),
+        job("urgent", seq=3, priority=5, predicted=1 * GIB),
+        job("big-later", seq=4, predicted=9 * GIB),
+    ]
+    assert [j.job_id for j in sorted(jobs, key=job_order)] == [
+        "urgent",
+        "big",
+        "big-later",
+        "small",
+        "unknown",
+    ]
+    decision = assign(jobs, [gpu(0, free=40, total=80)], headroom_frac=0.0)
+    assert [p.job_id for p in decision.placements] == ["urgent", "big"]
+    assert [w.job_id for w in decision.waits] == ["big-later", "small", "unknown"]
+    assert {w.reason for w in decision.waits} == {"all 2 slots busy"}
+
+
+def test_each_placement_updates_the_views() -> None:
+    jobs = [job(f"j{i}", seq=i, predicted=12 * GIB) for i in range(3)]
+    decision = assign(jobs, [gpu(0, free=30, total=80), gpu(1, free=20, total=80)], headroom_frac=0.0)
+    assert [(p.job_id, p.gpu) for p in decision.placements] == [("j0", 0), ("j1", 1), ("j2", 0)]
+    assert decision.placements[2].reason.startswith(
+        "GPU 0: the only GPU that fits (18.0 GiB free after 12.0 GiB"
+    )
+    assert decision.waits == ()
+
+
+def test_exclusive_placement_closes_the_card_for_the_tick() -> None:
+    jobs = [job("alone", seq=0, tier=TIER_D, priority=1), job("other", seq=1)]
+    decision = assign(jobs, [gpu(0, free=20)])
+    assert [(p.job_id, p.gpu) for p in decision.placements] == [("alone", 0)]
+    assert decision.waits[0].reason == "all 2 slots busy (GPU 0 runs an exclusive job)"
+
+
+def test_a_job_that_fits_nowhere_does_not_block_the_rest() -> None:
+    jobs = [job("huge", seq=0, predicted=100 * GIB), job("small", seq=1, predicted=GIB)]
+    decision = assign(jobs, [gpu(0, free=20, total=24)])
+    assert [p.job_id for p in decision.placements] == ["small"]
+    assert decision.waits[0].job_id == "huge"
+
+
+def test_empty_queue() -> None:
+    assert assign([], [gpu(0)]) == Decision()
+
+
+def test_gpu_views_merges_plan_probe_and_occupancy() -> None:
+    states = [
+        GpuState(index=1, total_mib=24 * GIB, free_mib=20 * GIB, processes=(GpuProcess(pid=1, used_mib=1),)),
+        GpuState(index=5, total_mib=80 * GIB, free_mib=80 * GIB),
+    ]
+    views = gpu_views([1, 0, 1], states, running={1: 2}, exclusive=[0], reserved_mib={1: 512})
+    assert views == (
+        GpuSlotView(index=0, exclusive_running=True),
+        GpuSlotView(index=1, running=2, free_mib=20 * GIB, total_mib=24 * GIB, reserved_mib=512),
+    )
+
+
+# --------------------------------------------------------------------------- properties
+
+HEADROOM = 0.10
+
+
+@st.composite
+def gpu_lists(draw: st.DrawFn) -> list[GpuSlotView]:
+    count = draw(st.integers(0, 5))
+    views = []
+    for index in range(count):
+        total = draw(st.none() | st.integers(1, 80 * GIB))
+        free = draw(st.none() | st.integers(0, total if total is not None else 80 * GIB))
+        running = draw(st.integers(0, 3))
+        views.append(
+            GpuSlotView(
+                index=index,
+                running=running,
+                exclusive_running=running > 0 and draw(st.booleans()),
+                free_mib=free,
+                total_mib=total,
+                reserved_mib=draw(st.integers(0, 8 * GIB)),
+            )
+        )
+    return views
+
+
+@st.composite
+def job_lists(draw: st.DrawFn) -> list[QueuedJob]:
+    count = draw(st.integers(0, 8))
+    seqs = draw(st.lists(st.integers(0, 1000), min_size=count, max_size=count, unique=True))
+    return [
+        QueuedJob(
+            job_id=f"j{seq}",
+            seq=seq,
+            priority=draw(st.integers(0, 2)),
+            tier=draw(st.integers(0, len(TIERS) - 1)),
+            tiers=TIERS,
+            allowed=draw(st.dictionaries(st.integers(0, 5), st.integers(0, 3), max_size=6)),
+            predicted_mib=draw(st.none() | st.integers(0, 40 * GIB)),
+            avoid_gpu=draw(st.none() | st.integers(0, 5)),
+        )
+        for seq in seqs
+    ]
+
+
+def replay(queued: list[QueuedJob], gpus: list[GpuSlotView], decision: Decision):
+    """Yield (job, the card as it was just before that placement) for each placement."""
+    by_id = {j.job_id: j for j in queued}
+    cards = {g.index: g for g in gpus}
+    for placement in decision.placements:
+        placed, card = by_id[placement.job_id], cards[placement.gpu]  # type: ignore[index]
+        yield placed, card
+        cards[card.index] = GpuSlotView(
+            index=card.index,
+            running=card.running + 1,
+            exclusive_running=card.exclusive_running or TIERS[placed.tier].exclusive,
+            free_mib=card.free_mib,
+            total_mib=card.total_mib,
+            reserved_mib=card.reserved_mib + (placed.predicted_mib or 0),
+        )
+
+
+@settings(max_examples=150, deadline=None)
+@given(job_lists(), gpu_lists())
+def test_every_job_is_placed_or_waits_once_with_a_reason(queued: list[QueuedJob], gpus: list[GpuSlotView]):
+    decision = assign(queued, gpus, headroom_frac=HEADROOM)
+    seen = Counter([p.job_id for p in decision.placements] + [w.job_id for w in decision.waits])
+    assert seen == Counter(j.job_id for j in queued)
+    assert all(p.reason for p in decision.placements) and all(w.reason for w in decision.waits)
+
+
+@settings(max_examples=150, deadline=None)
+@given(job_lists(), gpu_lists())
+def test_never_exceeds_a_slot_cap(queued: list[QueuedJob], gpus: list[GpuSlotView]):
+    for placed, card in replay(queued, gpus, assign(queued, gpus, headroom_frac=HEADROOM)):
+        assert card.running < placed.allowed.get(card.index, 0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(job_lists(), gpu_lists())
+def test_never_places_beyond_free_memory(queued: list[QueuedJob], gpus: list[GpuSlotView]):
+    for placed, card in replay(queued, gpus, assign(queued, gpus, headroom_frac=HEADROOM)):
+        if card.free_mib is None:
+            continue
+        usable = card.free_mib - card.reserved_mib
+        if placed.predicted_mib is not None:
+            assert usable - headroom_mib(card, HEADROOM) >= placed.predicted_mib
+        minimum = TIERS[placed.tier].min_free_mib
+        if minimum is not None:
+            assert usable >= minimum
+
+
+@settings(max_examples=150, deadline=None)
+@given(job_lists(), gpu_lists())
+def test_exclusive_is_respected(queued: list[QueuedJob], gpus: list[GpuSlotView]):
+    for placed, card in replay(queued, gpus, assign(queued, gpus, headroom_frac=HEADROOM)):
+        assert not card.exclusive_running
+        if TIERS[placed.tier].exclusive:
+            assert card.running == 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(job_lists(), gpu_lists())
+def test_head_job_is_placed_when_it_fits_anywhere(queued: list[QueuedJob], gpus: list[GpuSlotView]):
+    """No starvation of the head job: whatever comes after it, it goes first."""
+    if not queued:
+        return
+    head = min(queued, key=job_order)
+    fits_alone = assign([head], gpus, headroom_frac=HEADROOM).placements
+    decision = assign(queued, gpus, headroom_frac=HEADROOM)
+    assert bool(fits_alone) == (head.job_id in {p.job_id for p in decision.placements})
+    if fits_alone:
+        assert decision.placements[0] == fits_alone[0]
+
+
+@settings(max_examples=150, deadline=None)
+@given(job_lists(), gpu_lists())
+def test_a_free_slot_without_memory_info_is_used(queued: list[QueuedJob], gpus: list[GpuSlotView]):
+    """With no memory information, a card with a free slot that some plain-tier job may use
+    always gets at least one job."""
+    blind = [
+        GpuSlotView(index=g.index, running=g.running, exclusive_running=g.exclusive_running) for g in gpus
+    ]
+    usable = any(
+        not g.exclusive_running and g.running < j.allowed.get(g.index, 0) and not TIERS[j.tier].exclusive
+        for g in blind
+        for j in queued
+    )
+    if usable:
+        assert assign(queued, blind, headroom_frac=HEADROOM).placements
+
+
+@settings(max_examples=100, deadline=None)
+@given(job_lists(), gpu_lists(), st.randoms())
+def test_input_order_does_not_matter(queued: list[QueuedJob], gpus: list[GpuSlotView], rnd) -> None:
+    shuffled_jobs, shuffled_gpus = list(queued), list(gpus)
+    rnd.shuffle(shuffled_jobs)
+    rnd.shuffle(shuffled_gpus)
+    assert assign(shuffled_jobs, shuffled_gpus) == assign(queued, gpus)

@@ -1,0 +1,140 @@
+"""predict.predict_peak: which source wins, and what an OOM teaches."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpusched.model import Outcome
+from gpusched.predict import SOURCES, PeakSample, Prediction, p90, predict_peak
+
+TASK = "glue-tvt_qnli"
+
+
+def sample(
+    job_id: str, peak: int | None, outcome: str = "ok", *, tier: int = 0, task: str = TASK
+) -> PeakSample:
+    return PeakSample(job_id=job_id, task=task, tier=tier, peak_mib=peak, outcome=outcome)
+
+
+def predict(
+    history: list[PeakSample], *, tier: int = 0, default: int | None = 12000, usable: int | None = None
+):
+    return predict_peak(TASK, "E1/s87", tier, history, default_mib=default, usable_mib=usable)
+
+
+CASES = [
+    pytest.param([], Prediction(mib=12000, source="default"), id="nothing-known-default"),
+    pytest.param(
+        [sample("E1/s87", 9000), sample("E1/s87", 9500), sample("E1/s1", 20000)],
+        Prediction(mib=9500, source="job"),
+        id="own-runs-max-beat-siblings",
+    ),
+    pytest.param(
+        [sample("E1/s1", 8000), sample("E1/s2", 8800), sample("E1/s3", 8400)],
+        Prediction(mib=8800, source="task"),
+        id="siblings-p90-is-max-when-few",
+    ),
+    pytest.param(
+        [sample(f"E1/s{i}", 1000 * i) for i in range(1, 21)],
+        Prediction(mib=18000, source="task"),
+        id="siblings-p90-of-twenty",
+    ),
+    pytest.param(
+        [sample("E1/s87", 9000, tier=1), sample("E1/s1", 7000, task="other")],
+        Prediction(mib=12000, source="default"),
+        id="other-tier-and-other-task-ignored",
+    ),
+    pytest.param(
+        [
+            sample("E1/s87", 9000, "error"),
+            sample("E1/s87", 9000, "cancelled"),
+            sample("E1/s87", 30000, "host_oom"),
+        ],
+        Prediction(mib=12000, source="default"),
+        id="non-memory-outcomes-ignored",
+    ),
+    pytest.param(
+        [sample("E1/s87", None), sample("E1/s1", 8000)],
+        Prediction(mib=8000, source="task"),
+        id="ok-without-peak-teaches-nothing",
+    ),
+    pytest.param(
+        [sample("E1/s87", 9000), sample("E1/s87", 11000, "oom")],
+        Prediction(mib=11000, source="job"),
+        id="own-oom-peak-is-a-floor-for-job",
+    ),
+    pytest.param(
+        [sample("E1/s1", 8000), sample("E1/s87", 10000, Outcome.OOM)],
+        Prediction(mib=10000, source="task"),
+        id="own-oom-peak-is-a-floor-for-task",
+    ),
+    pytest.param(
+        [sample("E1/s87", None, "oom"), sample("E1/s1", 8000, "oom")],
+        Prediction(mib=22000, source="job"),
+        id="own-oom-alone-means-whole-card",
+    ),
+    pytest.param(
+        [sample("E1/s1", None, "oom")],
+        Prediction(mib=22000, source="task"),
+        id="sibling-oom-alone-means-whole-card",
+    ),
+]
+
+
+@pytest.mark.parametrize(("history", "expected"), CASES)
+def test_prediction_source_order(history: list[PeakSample], expected: Prediction) -> None:
+    assert predict(history, usable=22000) == expected
+
+
+def test_oom_without_card_size_uses_its_reported_peak_or_the_default() -> None:
+    assert predict([sample("E1/s87", 15000, "oom")]) == Prediction(mib=15000, source="job")
+    assert predict([sample("E1/s87", None, "oom")]) == Prediction(mib=12000, source="default")
+    assert predict([sample("E1/s87", None, "oom")], default=None) == Prediction(mib=None, source="unknown")
+
+
+def test_oom_peak_above_card_size_wins() -> None:
+    assert predict([sample("E1/s87", 30000, "oom")], usable=22000).mib == 30000
+
+
+def test_unknown_without_default() -> None:
+    assert predict([], default=None) == Prediction(mib=None, source="unknown")
+
+
+def test_p90_nearest_rank() -> None:
+    assert p90([5]) == 5
+    assert p90([3, 1, 2]) == 3
+    assert p90(list(range(1, 11))) == 9
+    assert p90(list(range(1, 71))) == 63
+
+
+@given(
+    st.lists(
+        st.builds(
+            PeakSample,
+            job_id=st.sampled_from(["E1/s87", "E1/s1", "E1/s2"]),
+            task=st.sampled_from([TASK, "other"]),
+            tier=st.integers(0, 2),
+            peak_mib=st.none() | st.integers(0, 80000),
+            outcome=st.sampled_from(list(Outcome)),
+        ),
+        max_size=12,
+    ),
+    st.none() | st.integers(1, 80000),
+)
+def test_prediction_is_well_formed(history: list[PeakSample], default: int | None) -> None:
+    got = predict_peak(TASK, "E1/s87", 0, history, default_mib=default, usable_mib=22000)
+    assert got.source in SOURCES
+    assert (got.mib is None) == (got.source == "unknown")
+    own_ok = [
+        s.peak_mib
+        for s in history
+        if s.job_id == "E1/s87"
+        and s.task == TASK
+        and s.tier == 0
+        and s.outcome == Outcome.OK
+        and s.peak_mib is not None
+    ]
+    if own_ok:
+        assert got.source == "job" and got.mib is not None and got.mib >= max(own_ok)
