@@ -1,0 +1,198 @@
+"""Scheduler.tick over a real SQLite store with the fake executor and fake GPUs: the core
+decisions end to end (place, launch, reap, requeue down the ladder, cancel, restart)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpusched.executors.fake import FakeExecutor
+from gpusched.gpus.fake import FakeProbe
+from gpusched.model import BatchRule, GpuPlan, JobSpec, JobState, ResumeSpec, Suite, Tier
+from gpusched.scheduler import Scheduler
+from gpusched.store import Store
+from gpusched.tiers import DEFAULT_ENV
+
+OOM_TAIL = (
+    "Traceback (most recent call last):\n"
+    '  File "train.py", line 3, in <module>\n'
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of"
+    " 23.65 GiB of which 28.25 MiB is free.\n"
+)
+
+
+def make_suite(tmp: Path, n: int = 4, name: str = "E1") -> Suite:
+    return Suite(
+        name=name,
+        plan_path=str(tmp / "plans" / f"{name}.yaml"),
+        workdir=str(tmp),
+        logs_dir=str(tmp / "logs" / name),
+        command="python train.py --config {config}",
+        base_config=None,
+        env=dict(DEFAULT_ENV),
+        base_config_data={"batch_size": 8, "gradient_accumulation_steps": 1, "num_data_workers": 8},
+        tiers=(
+            Tier(name="A"),
+            Tier(name="B", config={"gradient_checkpointing": True, "num_data_workers": 2}),
+            Tier(
+                name="C",
+                config={"gradient_checkpointing": True, "num_data_workers": 2},
+                batch=BatchRule(scale=0.5),
+            ),
+        ),
+        resume=ResumeSpec(flag_key="is_keep_training"),
+        jobs=tuple(
+            JobSpec(suite=name, name=f"{i}-task", task="task", config={"seed": i, "output_dir": f"out/{i}"})
+            for i in range(n)
+        ),
+    )
+
+
+class World:
+    def __init__(self, tmp: Path, plan: GpuPlan, gpus: str = "2x24GiB") -> None:
+        self.store = Store(tmp / "gs.db")
+        self.ex = FakeExecutor(name="fake")
+        self.sched = Scheduler(self.store, FakeProbe.from_spec(gpus), {"fake": self.ex})
+        self.tmp, self.plan, self.now = tmp, plan, 100.0
+
+    def submit(self, suite: Suite) -> None:
+        self.store.submit(suite, self.plan, backend="fake", cwd=str(self.tmp), env_path=None)
+
+    def tick(self):  # type: ignore[no-untyped-def]
+        self.now += 1
+        return self.sched.tick(self.now)
+
+    def state(self, job_id: str) -> JobState:
+        job = self.store.job(job_id)
+        assert job is not None
+        return job.state
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    return World(tmp_path, GpuPlan(gpus=(0, 1), slots=(2, 1)))
+
+
+def test_fills_exactly_the_slots_of_the_plan_and_records_why_the_rest_waits(
+    world: World, tmp_path: Path
+) -> None:
+    world.submit(make_suite(tmp_path, n=5))
+    rep = world.tick()
+    assert len(rep.launched) == 3  # 2 on GPU 0 + 1 on GPU 1
+    assert sorted(g for _, g, _ in rep.launched) == [0, 0, 1]
+    waiting = world.store.jobs(states=["queued"])
+    assert len(waiting) == 2 and all("slots busy" in (j.wait_reason or "") for j in waiting)
+    assert world.tick().launched == []  # nothing frees, nothing launches
+
+
+def test_attempt_directory_holds_config_env_command_and_launch_script(world: World, tmp_path: Path) -> None:
+    world.submit(make_suite(tmp_path, n=1))
+    world.tick()
+    d = tmp_path / "logs" / "E1" / "0-task" / "1-A"
+    cfg = (d / "config.yaml").read_text()
+    assert cfg.startswith("# materialized by gpusched for E1/0-task, attempt 1, tier A")
+    assert "batch_size: 8" in cfg and "seed: 0" in cfg
+    env = json.loads((d / "env.json").read_text())
+    assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == env["PYTORCH_ALLOC_CONF"] == "expandable_segments:True"
+    assert env["GPUSCHED_JOB_ID"] == "E1/0-task" and env["GPUSCHED_TIER"] == "A"
+    assert (d / "command.txt").read_text().strip() == f"python train.py --config {d / 'config.yaml'}"
+    assert "export OMP_NUM_THREADS=1" in (d / "launch.sh").read_text()
+
+
+def test_a_freed_slot_is_refilled_on_the_next_tick(world: World, tmp_path: Path) -> None:
+    world.submit(make_suite(tmp_path, n=4))
+    first = world.tick()
+    done = first.launched[0][0]
+    world.ex.finish(world.ex.token_of(done), exit_code=0)
+    rep = world.tick()
+    assert rep.reaped == [(done, "ok")] and len(rep.launched) == 1
+    assert world.state(done) is JobState.SUCCEEDED
+
+
+def test_oom_walks_down_the_ladder_keeping_the_effective_batch_and_resumes(
+    world: World, tmp_path: Path
+) -> None:
+    world.submit(make_suite(tmp_path, n=1))
+    job = "E1/0-task"
+    world.tick()
+    (tmp_path / "out" / "0" / "checkpoint-10").mkdir(parents=True)  # the trainer saved one
+    world.ex.finish(world.ex.token_of(job), exit_code=1, output=OOM_TAIL)
+    world.tick()  # reap -> queued at B -> relaunched in the same tick
+    rec = world.store.job(job)
+    assert rec is not None and rec.outcome == "oom" and rec.attempts == 2
+    world.ex.finish(world.ex.token_of(job), exit_code=1, output=OOM_TAIL)
+    world.tick()
+    d = tmp_path / "logs" / "E1" / "0-task" / "3-C"
+    cfg = (d / "config.yaml").read_text()
+    assert "batch_size: 4" in cfg and "gradient_accumulation_steps: 2" in cfg
+    assert "gradient_checkpointing: true" in cfg and "is_keep_training: true" in cfg
+    world.ex.finish(world.ex.token_of(job), exit_code=0)
+    world.tick()
+    rec = world.store.job(job)
+    assert rec is not None and rec.state is JobState.SUCCEEDED and rec.tier == 2
+    assert [a.tier_name for a in world.store.attempts(job)] == ["A", "B", "C"]
+    assert [a.outcome for a in world.store.attempts(job)] == ["oom", "oom", "ok"]
+
+
+def test_oom_past_the_last_tier_fails_with_the_reason(world: World, tmp_path: Path) -> None:
+    world.submit(make_suite(tmp_path, n=1))
+    job = "E1/0-task"
+    for _ in range(3):
+        world.tick()
+        world.ex.finish(world.ex.token_of(job), exit_code=1, output=OOM_TAIL)
+    world.tick()
+    rec = world.store.job(job)
+    assert rec is not None and rec.state is JobState.FAILED
+    assert "last tier" in (rec.reason or "") and "CUDA out of memory" in (rec.line or "")
+
+
+def test_a_plain_error_is_not_retried(world: World, tmp_path: Path) -> None:
+    world.submit(make_suite(tmp_path, n=1))
+    world.tick()
+    world.ex.finish(world.ex.token_of("E1/0-task"), exit_code=1, output="ValueError: bad label\n")
+    world.tick()
+    rec = world.store.job("E1/0-task")
+    assert rec is not None and rec.state is JobState.FAILED and rec.attempts == 1
+    assert "ValueError: bad label" in (rec.reason or "") + (rec.line or "")
+
+
+def test_cancel_terminates_the_running_attempt_and_ends_cancelled(world: World, tmp_path: Path) -> None:
+    world.submit(make_suite(tmp_path, n=1))
+    world.tick()
+    world.store.request_cancel(["E1/0-task"])
+    world.tick()  # sends SIGTERM (the fake ends the attempt with 143)
+    world.tick()  # reaps it
+    assert world.state("E1/0-task") is JobState.CANCELLED
+    assert len(world.ex.terminated) == 1
+
+
+def test_a_vanished_attempt_is_lost_and_requeued_at_the_same_tier(world: World, tmp_path: Path) -> None:
+    world.submit(make_suite(tmp_path, n=1))
+    world.tick()
+    world.ex.vanish(world.ex.token_of("E1/0-task"))
+    world.tick()
+    attempts = world.store.attempts("E1/0-task")
+    assert [a.outcome for a in attempts] == ["lost", None] and [a.tier for a in attempts] == [0, 0]
+
+
+def test_restart_adopts_running_attempts_and_never_launches_twice(world: World, tmp_path: Path) -> None:
+    world.submit(make_suite(tmp_path, n=3))
+    world.tick()
+    running = {r.token for r in world.ex.launched}
+    # a new daemon: new Scheduler over the same store, the executor still holds the jobs
+    again = Scheduler(world.store, FakeProbe.from_spec("2x24GiB"), {"fake": world.ex})
+    notes = again.reconcile(world.now)
+    assert sum("re-adopted" in n for n in notes) == 3
+    again.tick(world.now + 1)
+    assert {r.token for r in world.ex.launched} == running  # nothing launched again
+
+
+def test_draining_stops_new_launches(world: World, tmp_path: Path) -> None:
+    world.submit(make_suite(tmp_path, n=2))
+    world.store.set_flag("draining", "1")
+    assert world.tick().launched == []
+    world.store.set_flag("draining", None)
+    assert len(world.tick().launched) == 2

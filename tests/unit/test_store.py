@@ -1,0 +1,206 @@
+"""The durable queue against a real SQLite file: transitions, two-phase launch, atomic submit."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from gpusched.errors import IllegalTransition, StoreError, UsageError
+from gpusched.model import (
+    AttemptState,
+    Classification,
+    ExitRecord,
+    GpuPlan,
+    JobSpec,
+    JobState,
+    Outcome,
+    Step,
+    StepKind,
+    Suite,
+    Tier,
+)
+from gpusched.store import SCHEMA_VERSION, NewAttempt, Store
+
+PLAN = GpuPlan(gpus=(0, 1), slots=(2, 1))
+
+
+def make_suite(name: str = "E1", n: int = 3) -> Suite:
+    return Suite(
+        name=name,
+        plan_path=f"/p/plans/{name}.yaml",
+        workdir="/p",
+        logs_dir=f"/p/logs/{name}",
+        command="echo {config}",
+        base_config=None,
+        tiers=(Tier(name="A"), Tier(name="B", config={"gradient_checkpointing": True})),
+        jobs=tuple(JobSpec(suite=name, name=f"j{i}", task="t", config={"seed": i}) for i in range(n)),
+    )
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    return Store(tmp_path / "gs.db")
+
+
+def submit(store: Store, suite: Suite | None = None, **kw) -> object:  # type: ignore[no-untyped-def]
+    return store.submit(suite or make_suite(), PLAN, backend="subprocess", cwd="/p", env_path=None, **kw)
+
+
+def start(store: Store, job_id: str, token: str = "t1", now: float = 1.0) -> int:
+    return store.begin_attempt(
+        NewAttempt(
+            job_id=job_id,
+            tier=0,
+            tier_name="A",
+            gpu=0,
+            gpu_uuid=None,
+            backend="subprocess",
+            dir=f"/p/logs/{token}",
+            token=token,
+            placement_reason="test",
+        ),
+        now=now,
+    )
+
+
+def test_submit_queues_every_job_in_order_and_snapshots_the_suite(store: Store) -> None:
+    r = submit(store)
+    assert r.queued == ("E1/j0", "E1/j1", "E1/j2")
+    assert [j.id for j in store.jobs(states=["queued"])] == list(r.queued)
+    row = store.suite("E1")
+    assert row is not None and row.gpu_plan == PLAN
+    assert [t.name for t in row.suite.tiers] == ["A", "B"]
+    assert row.suite.tiers[1].config == {"gradient_checkpointing": True}
+
+
+def test_resubmit_leaves_active_and_finished_jobs_alone_unless_rerun(store: Store) -> None:
+    submit(store)
+    a = start(store, "E1/j0")
+    store.finish_attempt(
+        a,
+        exit=ExitRecord(exit_code=0),
+        result=Classification(outcome=Outcome.OK, reason="ok"),
+        step=Step(kind=StepKind.DONE, tier=0, reason="done"),
+        now=2.0,
+    )
+    again = submit(store)
+    assert again.queued == ()
+    assert dict(again.skipped) == {"E1/j0": "succeeded", "E1/j1": "queued", "E1/j2": "queued"}
+    rerun = submit(store, rerun=True)
+    assert rerun.requeued == ("E1/j0",)
+    job = store.job("E1/j0")
+    assert job is not None and job.state is JobState.QUEUED and job.tier == 0 and job.attempts == 1
+
+
+def test_same_suite_name_from_another_directory_is_refused_while_active(store: Store) -> None:
+    submit(store)
+    with pytest.raises(UsageError, match="already active from /p"):
+        store.submit(make_suite(), PLAN, backend="subprocess", cwd="/elsewhere", env_path=None)
+
+
+def test_two_phase_launch_records_the_attempt_before_the_process_exists(store: Store) -> None:
+    submit(store)
+    aid = start(store, "E1/j1", token="tok")
+    job = store.job("E1/j1")
+    assert job is not None and job.state is JobState.RUNNING and job.attempts == 1
+    a = store.attempt(aid)
+    assert a is not None and a.state is AttemptState.LAUNCHING and a.token == "tok" and a.handle is None
+    store.mark_running(aid, {"pid": 42}, now=2.0)
+    a = store.attempt(aid)
+    assert a is not None and a.state is AttemptState.RUNNING and a.handle == {"pid": 42}
+    assert [x.id for x in store.live_attempts()] == [aid]
+
+
+def test_oom_requeue_moves_the_job_back_to_queued_at_the_next_tier(store: Store) -> None:
+    submit(store)
+    aid = start(store, "E1/j0")
+    store.finish_attempt(
+        aid,
+        exit=ExitRecord(exit_code=1, peak_mib=20000),
+        result=Classification(
+            outcome=Outcome.OOM, reason="CUDA out of memory", line="torch.OutOfMemoryError: x"
+        ),
+        step=Step(kind=StepKind.REQUEUE, tier=1, reason="OOM at tier A -> requeued at tier B", avoid_gpu=0),
+        now=3.0,
+    )
+    job = store.job("E1/j0")
+    assert job is not None
+    assert (job.state, job.tier, job.outcome, job.avoid_gpu) == (JobState.QUEUED, 1, "oom", 0)
+    a = store.attempt(aid)
+    assert a is not None and a.state is AttemptState.EXITED and a.peak_mib == 20000
+    assert store.live_attempts() == []
+    # reaping twice (a restarted daemon) changes nothing
+    store.finish_attempt(
+        aid,
+        exit=None,
+        result=Classification(outcome=Outcome.LOST, reason="x"),
+        step=Step(kind=StepKind.FAIL, tier=0, reason="x"),
+        now=4.0,
+    )
+    job2 = store.job("E1/j0")
+    assert job2 is not None and job2.state is JobState.QUEUED
+
+
+def test_cancel_ends_queued_jobs_at_once_and_flags_running_ones(store: Store) -> None:
+    submit(store)
+    start(store, "E1/j0")
+    out = store.request_cancel(["E1/j0", "E1/j1"])
+    assert out == {"E1/j0": "stopping", "E1/j1": "cancelled"}
+    assert store.cancel_requested() == ["E1/j0"]
+    job = store.job("E1/j1")
+    assert job is not None and job.state is JobState.CANCELLED
+
+
+def test_illegal_transitions_are_refused_and_name_the_job(store: Store) -> None:
+    submit(store)
+    aid = start(store, "E1/j0")
+    store.finish_attempt(
+        aid,
+        exit=ExitRecord(exit_code=0),
+        result=Classification(outcome=Outcome.OK, reason="ok"),
+        step=Step(kind=StepKind.DONE, tier=0, reason="done"),
+        now=2.0,
+    )
+    with pytest.raises(IllegalTransition, match="E1/j0: illegal state change succeeded -> running"):
+        start(store, "E1/j0", token="t2")
+
+
+def test_retry_requeues_only_finished_jobs(store: Store) -> None:
+    submit(store)
+    with pytest.raises(UsageError, match="only finished jobs"):
+        store.retry("E1/j0", tier=None)
+    store.request_cancel(["E1/j0"])
+    job = store.retry("E1/j0", tier=1)
+    assert job.state is JobState.QUEUED and job.tier == 1
+
+
+def test_a_failed_submit_leaves_nothing_half_enqueued(store: Store) -> None:
+    bad = make_suite()
+    dup = Suite(**{**bad.__dict__, "jobs": (*bad.jobs, bad.jobs[0])})  # duplicate id -> UNIQUE violation
+    with pytest.raises(sqlite3.IntegrityError):
+        submit(store, dup)
+    assert store.jobs() == [] and store.suite("E1") is None
+
+
+def test_a_database_from_a_newer_gpusched_is_refused_clearly(tmp_path: Path) -> None:
+    s = Store(tmp_path / "gs.db")
+    s.db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),))
+    s.close()
+    with pytest.raises(StoreError, match="newer gpusched"):
+        Store(tmp_path / "gs.db")
+
+
+def test_schema_v1_database_from_tests_data_still_opens() -> None:
+    src = Path(__file__).resolve().parent.parent / "data" / "store-v1.db"
+    assert src.exists(), "keep one database per schema version in tests/data"
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        shutil.copy(src, Path(d) / "gs.db")
+        s = Store(Path(d) / "gs.db")
+        jobs = s.jobs()
+        assert jobs and all(j.state in set(JobState) for j in jobs)
+        assert s.suite(jobs[0].suite) is not None
