@@ -1,0 +1,163 @@
+"""The path a user walks, through the real CLI: submit -> daemon -> tmux panes / processes ->
+wait -> status --json, logs, cancel, attach; and bad input refused with one line, exit 2.
+
+Real tmux server (private socket under the test's GPUSCHED_HOME), real processes, real
+SQLite file. The jobs are launchers/demo_job.py (torch-free) with short steps.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.helpers import retry_until
+
+FAKE = {"GPUSCHED_FAKE_GPUS": "2x24GiB"}
+
+PLAN = """
+command: python launchers/demo_job.py --config {config}
+workdir: ..
+base_config: launchers/configs/demo_base.yaml
+config: {max_steps: 6, step_time_s: 0.05, fake_gpu_mib: 12288, batch_size: 8, logits_to_keep: 0}
+matrix:
+  seed: [1, 2]
+  task: [sst2, qnli]
+job:
+  name: "{seed}-{task}"
+  task: "{task}"
+  config: {seed: "{seed}", data: "{task}", output_dir: "outputs/{task}/s{seed}"}
+jobs:
+  - name: big
+    task: mnli
+    config: {batch_size: 96, output_dir: outputs/mnli/big}
+  - name: broken
+    task: broken
+    config: {fail_with: "ValueError: label column missing", output_dir: outputs/broken}
+resume: {flag_key: is_keep_training}
+"""
+
+
+def write_plan(project: Path, name: str, text: str) -> Path:
+    p = project / "plans" / f"{name}.yaml"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def status(project: Path, *extra: str) -> dict:  # type: ignore[type-arg]
+    r = run_cli("status", "--json", *extra, cwd=project, check=True)
+    return json.loads(r.stdout)
+
+
+def by_id(doc: dict) -> dict:  # type: ignore[type-arg]
+    return {j["id"]: j for j in doc["jobs"]}
+
+
+@pytest.mark.parametrize("backend", ["tmux", "subprocess"])
+def test_submit_wait_status_logs(gs_home: Path, project: Path, backend: str) -> None:
+    if backend == "tmux" and not shutil.which("tmux"):
+        pytest.skip("tmux not installed")
+    write_plan(project, "t", PLAN)
+    r = run_cli("submit", "--suite", "t", "--gpu-plan", "2,1", "--backend", backend, cwd=project, env=FAKE)
+    assert r.returncode == 0, r.stderr
+    assert "queued 6 jobs" in r.stdout
+    w = run_cli("wait", "--suite", "t", "--timeout", "120", "--quiet", cwd=project)
+    assert w.returncode == 1, w.stdout + w.stderr  # one job fails on purpose
+    assert "5 succeeded, 1 failed" in w.stdout
+    jobs = by_id(status(project))
+    assert {j["state"] for i, j in jobs.items() if i != "t/broken"} == {"succeeded"}
+    big = jobs["t/big"]
+    assert (big["tier"], big["attempt"], big["outcome"]) == ("C", 3, "ok")  # A and B OOMed
+    broken = jobs["t/broken"]
+    assert broken["state"] == "failed" and broken["attempt"] == 1 and broken["outcome"] == "error"
+    assert "label column missing" in (broken["reason"] + (broken["line"] or ""))
+    for j in jobs.values():
+        assert set(j) >= {"id", "suite", "state", "tier", "attempt", "gpu", "outcome", "reason", "log"}
+        assert Path(j["log"]).is_file()
+    # the same effective batch at tier C: micro-batch halved, accumulation doubled
+    cfg = (project / "logs" / "t" / "big" / "3-C" / "config.yaml").read_text()
+    assert "batch_size: 48" in cfg and "gradient_accumulation_steps: 2" in cfg
+    logs = run_cli("logs", "t/big", "--attempt", "1", cwd=project)
+    assert logs.returncode == 0 and "CUDA out of memory" in logs.stdout + logs.stderr
+    done = run_cli("logs", "1-sst2", cwd=project)  # a bare name works when unambiguous
+    assert "done: steps=6" in done.stdout
+
+
+def test_cancel_a_running_job_and_a_queued_one(gs_home: Path, project: Path) -> None:
+    write_plan(project, "slow", PLAN.replace("step_time_s: 0.05", "step_time_s: 5"))
+    run_cli("submit", "--suite", "slow", "--gpu-plan", "1", "--backend", "subprocess", cwd=project, env=FAKE,
+            check=True)
+    retry_until(lambda: any(j["state"] == "running" for j in status(project)["jobs"]), timeout=30)
+    running = next(j["id"] for j in status(project)["jobs"] if j["state"] == "running")
+    r = run_cli("cancel", "--suite", "slow", cwd=project)
+    assert r.returncode == 0 and "1 stopping" in r.stdout and "5 cancelled" in r.stdout
+    retry_until(lambda: by_id(status(project))[running]["state"] == "cancelled", timeout=30)
+    assert all(j["state"] == "cancelled" for j in status(project)["jobs"])
+    w = run_cli("wait", "--suite", "slow", "--quiet", cwd=project)
+    assert w.returncode == 1
+
+
+@pytest.mark.skipif(not shutil.which("tmux"), reason="tmux not installed")
+def test_attach_lands_in_the_jobs_live_pane(gs_home: Path, project: Path, tmp_path: Path) -> None:
+    write_plan(project, "att", PLAN.replace("step_time_s: 0.05", "step_time_s: 2"))
+    run_cli("submit", "--suite", "att", "--only", "1-sst2", "--gpu-plan", "1", "--backend", "tmux", cwd=project,
+            env=FAKE, check=True)
+    retry_until(lambda: by_id(status(project))["att/1-sst2"]["state"] == "running", timeout=30)
+    # a user's own terminal: an outer tmux server in which we type `gpusched attach`
+    outer = ["tmux", "-S", str(tmp_path / "outer.sock")]
+    env_cmd = f"GPUSCHED_HOME={gs_home} python -m gpusched attach att/1-sst2"
+    subprocess.run([*outer, "new-session", "-d", "-x", "120", "-y", "40", "-c", str(project), env_cmd], check=True)
+    try:
+        def screen() -> str:
+            return subprocess.run([*outer, "capture-pane", "-p"], capture_output=True, text=True).stdout
+
+        retry_until(lambda: "micro_batch 8" in screen(), timeout=30)
+    finally:
+        subprocess.run([*outer, "kill-server"], capture_output=True)
+    run_cli("cancel", "att/1-sst2", cwd=project, check=True)
+
+
+def test_attach_without_a_pane_says_what_to_do(gs_home: Path, project: Path) -> None:
+    write_plan(project, "sp", PLAN)
+    run_cli("submit", "--suite", "sp", "--only", "1-sst2", "--gpu-plan", "1", "--backend", "subprocess",
+            cwd=project, env=FAKE, check=True)
+    run_cli("wait", "--suite", "sp", "--quiet", "--timeout", "60", cwd=project)
+    r = run_cli("attach", "sp/1-sst2", cwd=project)
+    assert r.returncode == 2 and "gpusched logs -f sp/1-sst2" in r.stderr
+
+
+BAD_INPUTS = [
+    (["--suite", "nope"], "nope.yaml: file not found"),
+    (["--suite", "t", "--gpu-plan", "2,x"], "--gpu-plan"),
+    (["--suite", "t", "--gpu-plan", "2,2,2", "--gpus", "0,1"], "--gpu-plan"),
+    (["--suite", "t", "--gpu-plan", "1,1,1"], "GPU"),  # the fake probe sees 2 GPUs
+    (["--suite", "t", "--gpu-plan", "1", "--gpus", "7"], "--gpus"),
+    (["--suite", "t", "--gpu-plan", "1", "--pairs", "9:nope"], "--pairs"),
+    (["--suite", "t", "--gpu-plan", "1", "--backend", "tmuxx"], "--backend"),
+    (["--suite", "malformed", "--gpu-plan", "1"], "malformed.yaml"),
+    (["--suite", "unknown_key", "--gpu-plan", "1"], "comand"),
+    (["--suite", "no_base", "--gpu-plan", "1"], "base_config"),
+    (["--suite", "bad_name", "--gpu-plan", "1"], "bad name"),
+]
+
+
+@pytest.mark.parametrize(("args", "needle"), BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
+def test_bad_input_is_one_clear_line_exit_2_and_nothing_enqueued(
+    gs_home: Path, project: Path, args: list[str], needle: str
+) -> None:
+    write_plan(project, "t", PLAN)
+    write_plan(project, "malformed", "command: [unclosed\n")
+    write_plan(project, "unknown_key", "comand: python x.py --config {config}\n")
+    write_plan(project, "no_base", "command: python x.py --config {config}\nbase_config: missing.yaml\n")
+    write_plan(project, "bad_name", "command: python x.py --config {config}\njobs:\n  - name: 'bad name; rm -rf ~'\n")
+    r = run_cli("submit", *args, cwd=project, env=FAKE)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert needle in lines[0], lines[0]
+    assert status(project)["jobs"] == []
