@@ -1,0 +1,535 @@
+"""How did an attempt end, and what happens to its job next.
+
+Two pure functions over plain values, no clock, file or process:
+
+* :func:`classify` turns an exit record and the tail of the job's log into a
+  :class:`~gpusched.model.Classification` (ok, GPU OOM, host OOM, error, cancelled, lost),
+  with a reason a person can read and the log line that shows it;
+* :func:`next_step` turns that classification and the job's history into a
+  :class:`~gpusched.model.Step` (done, requeue at some tier, fail, cancel).
+
+Every message that proves an out-of-memory death is in one table, :data:`SIGNATURES`; the
+messages that merely look like one are in :data:`LOOK_ALIKES`.
+"""
+
+from __future__ import annotations
+
+import re
+import signal as _signal
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpusched.model import (
+    OOM_EXIT_CODE,
+    Classification,
+    ExitRecord,
+    Outcome,
+    RetryPolicy,
+    Step,
+    StepKind,
+    Tier,
+)
+
+__all__ = [
+    "CONTENTION_SHARE",
+    "LOOK_ALIKES",
+    "SIGNATURES",
+    "LookAlike",
+    "Signature",
+    "classify",
+    "next_step",
+]
+
+#: An OOM counts as *contention* when processes other than the job's own hold at least this
+#: share of the card's total memory: the next attempt should go to another GPU.
+CONTENTION_SHARE = 0.40
+
+_REASON_MAX = 200
+_LINE_MAX = 300
+_SIGKILL_REASON = "killed by SIGKILL (likely the kernel OOM killer)"
+# Doubling the error backoff stops here, so a huge retry count cannot overflow a float.
+_MAX_BACKOFF_DOUBLINGS = 30
+
+
+# --------------------------------------------------------------------------- the table
+
+
+@dataclass(frozen=True, kw_only=True)
+class Signature:
+    """A message that proves how a job died.
+
+    ``text`` is the message as its source prints it; matching is case-sensitive. ``pattern``
+    is what is actually searched for in one log line (``text`` itself, unless a variant
+    needs a regular expression). ``label`` is the sentence that becomes the reason."""
+
+    text: str
+    outcome: Outcome  # OOM or HOST_OOM
+    label: str
+    source: str
+    pattern: re.Pattern[str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LookAlike:
+    """A message that contains or resembles an OOM signature but is not an OOM death.
+    A log line that matches one is never an OOM line."""
+
+    text: str
+    why: str
+    pattern: re.Pattern[str]
+
+
+def _literal(text: str) -> re.Pattern[str]:
+    """``text`` exactly, not glued to a longer word on either side."""
+    head = r"(?<!\w)" if text[0].isalnum() or text[0] == "_" else ""
+    tail = r"(?!\w)" if text[-1].isalnum() or text[-1] == "_" else ""
+    return re.compile(head + re.escape(text) + tail)
+
+
+def _sig(text: str, outcome: Outcome, label: str, source: str, pattern: str | None = None) -> Signature:
+    compiled = re.compile(pattern) if pattern is not None else _literal(text)
+    return Signature(text=text, outcome=outcome, label=label, source=source, pattern=compiled)
+
+
+_OOM, _HOST = Outcome.OOM, Outcome.HOST_OOM
+
+#: Every message that proves an out-of-memory death, most specific first: the first entry
+#: that matches a line names it. GPU entries come from PyTorch's allocators and CUDA/ROCm
+#: checks, cuBLAS/cuSOLVER/cuSPARSE/cuDNN status codes and NCCL/RCCL warnings; host entries
+#: from PyTorch's CPU allocator, the DataLoader, Slurm's cgroup OOM notice and Python.
+# fmt: off
+SIGNATURES: tuple[Signature, ...] = (
+    # text (as printed), outcome, label (-> reason), source, regex when the text alone is not enough
+    _sig("would exceed allowed memory. (out of memory)", _OOM,
+         "CUDA out of memory (cudaMallocAsync allocator)", "PyTorch CUDAMallocAsyncAllocator"),
+    # The trailing period is part of the message; the end-of-line variant is how people
+    # (and seed 003) quote it, and a sentence that merely mentions it rarely ends there.
+    _sig("CUDA out of memory.", _OOM, "CUDA out of memory", "PyTorch CUDACachingAllocator",
+         r"(?<!\w)CUDA out of memory(?:\.|$)"),
+    _sig("HIP out of memory.", _OOM, "HIP out of memory", "PyTorch on ROCm",
+         r"(?<!\w)HIP out of memory(?:\.|$)"),
+    _sig("XPU out of memory.", _OOM, "XPU out of memory", "PyTorch XPU allocator",
+         r"(?<!\w)XPU out of memory(?:\.|$)"),
+    _sig("MPS backend out of memory", _OOM, "MPS backend out of memory", "PyTorch MPS allocator"),
+    _sig("CUDA error: out of memory", _OOM, "CUDA error: out of memory", "C10_CUDA_CHECK"),
+    _sig("HIP error: out of memory", _OOM, "HIP error: out of memory", "C10_HIP_CHECK"),
+    _sig("hipErrorOutOfMemory", _OOM, "HIP out of memory (hipErrorOutOfMemory)", "ROCm runtime"),
+    _sig("CUDA driver error: out of memory", _OOM, "CUDA driver error: out of memory",
+         "C10_CUDA_DRIVER_CHECK"),
+    _sig("CUBLAS_STATUS_ALLOC_FAILED", _OOM, "cuBLAS could not allocate GPU memory", "cuBLAS"),
+    _sig("CUSOLVER_STATUS_ALLOC_FAILED", _OOM, "cuSOLVER could not allocate GPU memory", "cuSOLVER"),
+    _sig("CUSPARSE_STATUS_ALLOC_FAILED", _OOM, "cuSPARSE could not allocate GPU memory", "cuSPARSE"),
+    _sig("CUDNN_STATUS_ALLOC_FAILED", _OOM, "cuDNN could not allocate GPU memory", "cuDNN"),
+    # NCCL >= 2.19 prints the error number too ("Cuda failure 2 'out of memory'"); RCCL says HIP.
+    _sig("Cuda failure 'out of memory'", _OOM, "NCCL: CUDA out of memory", "NCCL / RCCL",
+         r"(?<!\w)(?:Cuda|HIP) failure (?:\d+ )?'out of memory'"),
+    _sig("Failed to CUDA calloc", _OOM, "NCCL could not allocate GPU memory", "NCCL"),
+    _sig("cuda runtime error (2) : out of memory", _OOM, "CUDA out of memory", "PyTorch < 1.0 (THC)"),
+    # Exception names last: a line that also carries a message is named by the message.
+    _sig("torch.OutOfMemoryError", _OOM, "CUDA out of memory", "PyTorch >= 2.5"),
+    _sig("torch.cuda.OutOfMemoryError", _OOM, "CUDA out of memory", "PyTorch 1.13 - 2.4"),
+    _sig("DefaultCPUAllocator: can't allocate memory", _HOST,
+         "host RAM exhausted (DefaultCPUAllocator could not allocate)", "PyTorch CPU allocator"),
+    _sig("DefaultCPUAllocator: not enough memory", _HOST,
+         "host RAM exhausted (DefaultCPUAllocator could not allocate)", "PyTorch CPU allocator (Windows)"),
+    _sig("DataLoader worker (pid N) is killed by signal: Killed.", _HOST,
+         "host RAM exhausted (a DataLoader worker was SIGKILLed)", "torch.utils.data",
+         r"DataLoader worker \(pid(?:\(s\))? [\d, ]+\) is killed by signal: Killed"),
+    _sig("Detected N oom-kill event(s)", _HOST,
+         "host RAM exhausted (Slurm saw an oom-kill event)", "slurmstepd", r"Detected \d+ oom[-_]kill event"),
+    # Python's own MemoryError (and numpy's _ArrayMemoryError), only as an exception line.
+    _sig("MemoryError", _HOST, "host RAM exhausted (MemoryError)", "Python",
+         r"^(?:[A-Za-z_]\w*\.)*_?(?:Array)?MemoryError(?::|$)"),
+)
+# fmt: on
+
+#: Messages that look like GPU OOM but are not one.
+LOOK_ALIKES: tuple[LookAlike, ...] = (
+    LookAlike(
+        text="Tried to allocate more than 1EB memory",
+        why="raised as an OutOfMemoryError, but it is a bug (a negative or absurd size): "
+        "a smaller tier would not help",
+        pattern=_literal("Tried to allocate more than 1EB memory"),
+    ),
+    LookAlike(
+        text="memory allocation failed with OOM",
+        why="the caching allocator's warning before it frees its cache and retries; the "
+        "allocation then succeeded (`... while trying to allocate N bytes (free: F, total: T)`)",
+        pattern=_literal("memory allocation failed with OOM"),
+    ),
+)
+_EXA_BUG = LOOK_ALIKES[0]
+
+
+# --------------------------------------------------------------------------- classify
+
+
+def classify(exit: ExitRecord | None, log_tail: str, *, cancel_requested: bool) -> Classification:
+    """What happened to one attempt. Never raises, whatever the text or numbers.
+
+    Precedence, first match wins:
+
+    1. ``cancel_requested`` -> ``CANCELLED`` (whatever the exit);
+    2. no exit record -> ``LOST``;
+    3. exit code 0 -> ``OK`` (the log is not read);
+    4. the trainer reported OOM (``oom_reported`` or exit code ``OOM_EXIT_CODE``) -> ``OOM``,
+       unless the only OOM-looking line in the log is the "more than 1EB" bug (-> ``ERROR``);
+    5. the last line of ``log_tail`` that matches a :data:`SIGNATURES` entry -> ``OOM`` or
+       ``HOST_OOM`` (lines matching :data:`LOOK_ALIKES`, source lines of a traceback and
+       signatures quoted as data, e.g. in a printed config, do not count);
+    6. SIGKILL (exit code 137, -9 or signal 9) -> ``HOST_OOM``: gpusched's own kills are
+       cancels, so this is most likely the kernel OOM killer;
+    7. otherwise ``ERROR``, the reason being the last exception line, else the last
+       non-empty line, else the exit code or signal (at most ~200 characters).
+
+    ``line`` is the log line that decided (stripped, at most 300 characters), or ``None``.
+    ``contention`` is true only for ``OOM`` whose message shows that processes other than
+    this one held at least :data:`CONTENTION_SHARE` of the card; the reason then says how much.
+    """
+    if cancel_requested:
+        return Classification(outcome=Outcome.CANCELLED, reason="cancelled on request")
+    if exit is None:
+        return Classification(outcome=Outcome.LOST, reason="no exit record: the attempt vanished")
+    if exit.exit_code == 0:
+        return Classification(outcome=Outcome.OK, reason="exited 0")
+    lines = _lines(log_tail)
+    if exit.oom_reported or exit.exit_code == OOM_EXIT_CODE:
+        return _reported_oom(lines)
+    hit = _last_hit(lines)
+    if hit is not None:
+        return _from_hit(lines, *hit)
+    if _signal_of(exit) == _signal.SIGKILL:
+        return Classification(outcome=Outcome.HOST_OOM, reason=_SIGKILL_REASON)
+    return _error(lines, exit)
+
+
+@dataclass(frozen=True)
+class _Line:
+    raw: str  # as logged, stripped (ANSI colours removed)
+    text: str  # without a launcher's "[rank0]: " prefix, stripped: what is matched
+    indented: bool  # began with white space (after that prefix): a traceback's source line does
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+_RANK_PREFIX = re.compile(r"^\[[A-Za-z]*\d+\]: ?")  # torchrun's "[rank0]: ", "[default0]:"
+_TRACEBACK_FILE = re.compile(r'^File ".*", line \d+')
+
+
+def _lines(log_tail: str) -> list[_Line]:
+    out = []
+    for piece in _ANSI.sub("", log_tail).splitlines():
+        raw = piece.strip()
+        if raw.startswith("[gpusched]"):  # the wrapper's own notes
+            continue
+        body = _RANK_PREFIX.sub("", piece, count=1)
+        out.append(_Line(raw=raw, text=body.strip(), indented=body[:1] in (" ", "\t")))
+    return out
+
+
+def _reported_oom(lines: list[_Line]) -> Classification:
+    hit = _last_hit(lines, only=Outcome.OOM)
+    if hit is not None:
+        return _from_hit(lines, *hit)
+    for line in reversed(lines):
+        if _EXA_BUG.pattern.search(line.text):
+            # torch raises this as an OutOfMemoryError, so the in-job helper reports OOM;
+            # it is a bug, and a more conservative tier would die the same way.
+            return Classification(
+                outcome=Outcome.ERROR, reason=_clip(line.text, _REASON_MAX), line=_clip(line.raw, _LINE_MAX)
+            )
+    return Classification(outcome=Outcome.OOM, reason="out of GPU memory (reported by the trainer)")
+
+
+def _last_hit(lines: list[_Line], only: Outcome | None = None) -> tuple[int, Signature] | None:
+    """Index and signature of the last line that proves an OOM (of kind ``only``, if given)."""
+    for i in range(len(lines) - 1, -1, -1):
+        text = lines[i].text
+        if not text or any(la.pattern.search(text) for la in LOOK_ALIKES):
+            continue
+        if lines[i].indented and i > 0 and _TRACEBACK_FILE.match(lines[i - 1].text):
+            continue  # a source line shown in a traceback (`except torch.OutOfMemoryError:`)
+        for sig in SIGNATURES:
+            if only is not None and sig.outcome is not only:
+                continue
+            if any(not _quoted_as_data(text, m.start(), m.end()) for m in sig.pattern.finditer(text)):
+                return i, sig
+    return None
+
+
+# A string literal opens at a quote that does not follow a word character (so "it's" is prose).
+_STRING_LITERAL = re.compile(r"""(?<![\w\\])(['"])(.*?)(?<!\\)\1""")
+_EXCEPTION_REPR = re.compile(r"(?:Error|Exception)\(\s*$")
+
+
+def _quoted_as_data(text: str, start: int, end: int) -> bool:
+    """True when the match lies inside a quoted string that is data, e.g. a printed config
+    (``{'retry_on': ['CUDA out of memory.']}``), rather than an exception's repr
+    (``OutOfMemoryError('CUDA out of memory. ...')``) or an exception line logged as a
+    string (``{"msg": "RuntimeError: CUDA out of memory. ..."}``)."""
+    for lit in _STRING_LITERAL.finditer(text):
+        if lit.start(2) <= start and end <= lit.end(2):
+            is_error = _EXCEPTION_REPR.search(text[: lit.start()]) or _EXCEPTION_LINE.match(lit.group(2))
+            return not is_error
+        if lit.start() > start:
+            break
+    return False
+
+
+def _from_hit(lines: list[_Line], index: int, sig: Signature) -> Classification:
+    line = _clip(lines[index].raw, _LINE_MAX)
+    if sig.outcome is Outcome.HOST_OOM:
+        return Classification(outcome=Outcome.HOST_OOM, reason=sig.label, line=line)
+    message = _message_block(lines, index)
+    memory = _card_memory(message)
+    if memory is not None:
+        others, total = memory
+        if total > 0 and others >= CONTENTION_SHARE * total:
+            reason = f"OOM: other processes hold {others:.1f} of {_gib(total)} GiB on the card"
+            return Classification(outcome=Outcome.OOM, reason=reason, line=line, contention=True)
+    asked = _TRIED.search(message)
+    reason = f"{sig.label} (tried to allocate {asked.group(1)})" if asked else sig.label
+    return Classification(outcome=Outcome.OOM, reason=reason, line=line)
+
+
+def _message_block(lines: list[_Line], index: int, max_lines: int = 8) -> str:
+    """The OOM line and the lines that continue its message (torch's message is one line,
+    but cudaMallocAsync's spans several and people re-wrap it), joined by spaces."""
+    parts = [lines[index].text]
+    for line in lines[index + 1 : index + max_lines]:
+        if not line.text or line.text.startswith(("Traceback", "File ")):
+            break
+        if any(sig.pattern.search(line.text) for sig in SIGNATURES):
+            break  # the next message (another rank's OOM)
+        parts.append(line.text)
+    return " ".join(parts)
+
+
+# --------------------------------------------------------------------------- card memory
+
+_SIZE = r"(\d+(?:\.\d+)?) (bytes|KiB|MiB|GiB|TiB)"
+_TO_GIB = {"bytes": 1 / 1024**3, "KiB": 1 / 1024**2, "MiB": 1 / 1024, "GiB": 1.0, "TiB": 1024.0}
+_TRIED = re.compile(r"Tried to allocate (\d+(?:\.\d+)? [KMGT]?i?B)")
+_CAPACITY = re.compile(rf"total capacity of {_SIZE} of which {_SIZE} is free")
+_PROCESS = re.compile(rf"Process \d+ has {_SIZE} memory in use")
+_THIS_PROCESS = re.compile(rf"this process has {_SIZE} memory in use")
+_RESERVED = re.compile(
+    rf"Of the allocated memory {_SIZE} is allocated by PyTorch,.*? and {_SIZE} is reserved by PyTorch"
+)
+_OLD_FORMAT = re.compile(  # PyTorch < 2.1: "(GPU 0; 23.65 GiB total capacity; ...)"
+    rf"{_SIZE} total capacity; {_SIZE} already allocated; {_SIZE} free; "
+    rf"(?:\d+(?:\.\d+)? \w+ allowed; )?{_SIZE} reserved in total"
+)
+_ASYNC_FORMAT = re.compile(  # cudaMallocAsync: one "Name : size" per line
+    rf"Currently allocated\s*: {_SIZE}.*?Device limit\s*: {_SIZE}\s*Free \(according to CUDA\)\s*: {_SIZE}"
+)
+
+
+def _gib_of(groups: Sequence[str | None]) -> list[float]:
+    """GiB values of consecutive (number, unit) regex groups."""
+    return [float(groups[i] or 0) * _TO_GIB[groups[i + 1] or "GiB"] for i in range(0, len(groups), 2)]
+
+
+def _card_memory(message: str) -> tuple[float, float] | None:
+    """(GiB held by other processes, total GiB) as far as the OOM message tells, or None.
+
+    Torch lists NVML's processes on the card as "Process N has X memory in use" and its own
+    as "this process has X", but where its pid is not NVML's (a container) its own entry is
+    in the list. The card's capacity tells the cases apart: when the list plus this process
+    would overflow the card, the list entry closest to this process's size is dropped. With
+    no size for this process (neither that sentence nor PyTorch's reserved figure), the
+    largest entry is taken to be its own, so "others" is a lower bound."""
+    cap = _CAPACITY.search(message)
+    if cap is None:
+        return _card_memory_other_formats(message)
+    total, free = _gib_of(cap.groups())
+    procs = [_gib_of(m.groups())[0] for m in _PROCESS.finditer(message)]
+    this = _THIS_PROCESS.search(message)
+    reserved = _RESERVED.search(message)
+    own = _gib_of(this.groups())[0] if this else (sum(_gib_of(reserved.groups())) if reserved else None)
+    if not procs:
+        return (max(0.0, total - free - own), total) if own is not None else None
+    if own is None:
+        return sum(procs) - max(procs), total
+    if this is None or sum(procs) + own > total * 1.02:
+        procs.remove(min(procs, key=lambda size: abs(size - own)))
+    return sum(procs), total
+
+
+def _card_memory_other_formats(message: str) -> tuple[float, float] | None:
+    old = _OLD_FORMAT.search(message)
+    if old is not None:  # memory neither free nor PyTorch's: others (and our CUDA context)
+        total, _allocated, free, reserved = _gib_of(old.groups())
+        return max(0.0, total - free - reserved), total
+    asy = _ASYNC_FORMAT.search(message)
+    if asy is not None:
+        allocated, limit, free = _gib_of(asy.groups())
+        return max(0.0, limit - free - allocated), limit
+    return None
+
+
+def _gib(value: float) -> str:
+    return f"{round(value, 2):g}"
+
+
+# --------------------------------------------------------------------------- errors
+
+# Exception lines as Python prints them: "ValueError: ...", "torch.distributed.DistBackendError: ...".
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception|Interrupt|Exit)(?::\s|:?$)")
+# Launchers' exceptions that only say "the child failed": the child's own line is more useful.
+_WRAPPER_EXCEPTIONS = ("ChildFailedError", "CalledProcessError")
+
+
+def _error(lines: list[_Line], exit: ExitRecord) -> Classification:
+    line = _summary_line(lines)
+    if line is not None:
+        return Classification(
+            outcome=Outcome.ERROR, reason=_clip(line.text, _REASON_MAX), line=_clip(line.raw, _LINE_MAX)
+        )
+    return Classification(outcome=Outcome.ERROR, reason=_exit_words(exit))
+
+
+def _summary_line(lines: list[_Line]) -> _Line | None:
+    exceptions = [line for line in lines if _EXCEPTION_LINE.match(line.text)]
+    direct = [line for line in exceptions if not line.text.split(":", 1)[0].endswith(_WRAPPER_EXCEPTIONS)]
+    if direct or exceptions:
+        return (direct or exceptions)[-1]
+    return next((line for line in reversed(lines) if line.text), None)
+
+
+def _signal_of(exit: ExitRecord) -> int | None:
+    """The signal that ended the job: recorded, or implied by a shell (128+N) or Python (-N) code."""
+    if exit.signal is not None:
+        return exit.signal
+    code = exit.exit_code
+    if code is not None and code < 0:
+        return -code
+    if code is not None and 128 < code < 160:
+        return code - 128
+    return None
+
+
+def _exit_words(exit: ExitRecord) -> str:
+    sig = _signal_of(exit)
+    if sig is not None:
+        try:
+            return f"killed by signal {_signal.Signals(sig).name}"
+        except ValueError:
+            return f"killed by signal {sig}"
+    if exit.exit_code is None:
+        return "no exit code recorded"
+    return f"exit code {exit.exit_code}"
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# --------------------------------------------------------------------------- next step
+
+
+def next_step(
+    c: Classification,
+    *,
+    tier: int,
+    tiers: Sequence[Tier],
+    gpu: int | None,
+    errors_so_far: int,
+    lost_so_far: int,
+    retry: RetryPolicy,
+    now: float,
+    max_lost: int = 3,
+) -> Step:
+    """What to do with the job whose attempt at ``tiers[tier]`` (on ``gpu``) ended as ``c``.
+
+    ``errors_so_far`` and ``lost_so_far`` count the job's *earlier* attempts that ended
+    ``ERROR`` / ``LOST``, not this one. Callers may rely on:
+
+    * a ``REQUEUE`` step's tier indexes ``tiers``; it is ``tier + 1`` or later for ``OOM``
+      and ``HOST_OOM``, ``tier`` itself for ``ERROR`` and ``LOST``; every other step keeps
+      ``tier``; OOM never moves a job to a less conservative tier;
+    * ``OK`` -> ``DONE``; ``CANCELLED`` -> ``CANCEL``;
+    * ``OOM`` -> the next tier, or ``FAIL`` at the last; with ``contention``, ``avoid_gpu=gpu``;
+    * ``HOST_OOM`` -> the first later tier that lowers ``num_data_workers`` (a tier without
+      the key keeps the value before it; when no tier up to this one sets it, the first later
+      tier that does counts as lowering it), else the next tier, or ``FAIL`` at the last;
+    * ``ERROR`` -> while ``errors_so_far < retry.errors``, the same tier with
+      ``not_before = now + retry.backoff_s * 2**errors_so_far``; then ``FAIL`` with ``c.reason``;
+    * ``LOST`` -> the same tier, until ``lost_so_far >= max_lost``: then ``FAIL``.
+
+    Never raises. When ``tier`` does not index ``tiers`` (the suite is gone, or its plan
+    lost tiers), an outcome that would requeue gives ``FAIL`` with a reason that says so.
+    """
+    match c.outcome:
+        case Outcome.OK:
+            return Step(kind=StepKind.DONE, tier=tier, reason="succeeded")
+        case Outcome.CANCELLED:
+            return Step(kind=StepKind.CANCEL, tier=tier, reason=c.reason)
+    if not 0 <= tier < len(tiers):
+        reason = f"{c.reason}; cannot requeue: tier {tier} is not one of the suite's {len(tiers)} tiers"
+        return Step(kind=StepKind.FAIL, tier=tier, reason=_clip(reason, _REASON_MAX))
+    match c.outcome:
+        case Outcome.OOM:
+            return _after_oom(c, tier, tiers, gpu)
+        case Outcome.HOST_OOM:
+            return _after_host_oom(tier, tiers)
+        case Outcome.LOST:
+            return _after_lost(tier, tiers, lost_so_far, max_lost)
+        case _:
+            return _after_error(c, tier, errors_so_far, retry, now)
+
+
+def _after_oom(c: Classification, tier: int, tiers: Sequence[Tier], gpu: int | None) -> Step:
+    here = tiers[tier].name
+    if tier + 1 >= len(tiers):
+        return Step(kind=StepKind.FAIL, tier=tier, reason=f"OOM at the last tier {here}")
+    reason = f"OOM at tier {here} → requeued at tier {tiers[tier + 1].name}"
+    avoid = gpu if c.contention else None
+    if avoid is not None:
+        reason += f", away from GPU {avoid} ({c.reason})"
+    return Step(kind=StepKind.REQUEUE, tier=tier + 1, reason=reason, avoid_gpu=avoid)
+
+
+def _workers(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    try:
+        return int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _after_host_oom(tier: int, tiers: Sequence[Tier]) -> Step:
+    here = tiers[tier].name
+    if tier + 1 >= len(tiers):
+        return Step(kind=StepKind.FAIL, tier=tier, reason=f"host out of memory at the last tier {here}")
+    current = None
+    for t in tiers[: tier + 1]:  # tiers are cumulative, but a tier may leave the key out
+        current = _workers(t.config.get("num_data_workers")) if "num_data_workers" in t.config else current
+    target, note = tier + 1, ""
+    for j in range(tier + 1, len(tiers)):
+        workers = _workers(tiers[j].config.get("num_data_workers"))
+        if workers is not None and (current is None or workers < current):
+            before = "?" if current is None else str(current)
+            target, note = j, f" (num_data_workers {before} → {workers})"
+            break
+    reason = f"host out of memory at tier {here} → requeued at tier {tiers[target].name}{note}"
+    return Step(kind=StepKind.REQUEUE, tier=target, reason=reason)
+
+
+def _after_error(c: Classification, tier: int, errors_so_far: int, retry: RetryPolicy, now: float) -> Step:
+    if errors_so_far >= retry.errors:
+        return Step(kind=StepKind.FAIL, tier=tier, reason=c.reason)
+    delay_s = retry.backoff_s * 2 ** min(max(errors_so_far, 0), _MAX_BACKOFF_DOUBLINGS)
+    reason = f"error, retry {errors_so_far + 1} of {retry.errors} in {delay_s:.0f} s: {c.reason}"
+    return Step(kind=StepKind.REQUEUE, tier=tier, reason=reason, not_before=now + delay_s)
+
+
+def _after_lost(tier: int, tiers: Sequence[Tier], lost_so_far: int, max_lost: int) -> Step:
+    if lost_so_far >= max_lost:
+        return Step(
+            kind=StepKind.FAIL,
+            tier=tier,
+            reason=f"lost {lost_so_far + 1} times (no exit record); gave up after {max_lost} requeues",
+        )
+    reason = f"lost (no exit record) → requeued at tier {tiers[tier].name} ({lost_so_far + 1} of {max_lost})"
+    return Step(kind=StepKind.REQUEUE, tier=tier, reason=reason)
