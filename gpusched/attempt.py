@@ -198,7 +198,8 @@ def materialize(
     checkpoint = None
     if suite.resume is not None:
         cfg0 = tiers.resolve(suite, job, tier_index).config
-        checkpoint = find_checkpoint(workdir, cfg0.get(suite.resume.output_dir_key), suite.resume.checkpoint_glob)
+        out_dir = tiers.get_path(cfg0, tiers.split_key(suite.resume.output_dir_key))
+        checkpoint = find_checkpoint(workdir, out_dir, suite.resume.checkpoint_glob)
     resolved = tiers.resolve(suite, job, tier_index, checkpoint=checkpoint)
     tier = suite.tiers[tier_index]
     paths.dir.mkdir(parents=True, exist_ok=True)
