@@ -143,8 +143,11 @@ def _float(v: Any) -> float | None:
 #: shell or terminal, or are set per attempt by gpusched itself.
 _NOT_INHERITED = frozenset(
     {"TMUX", "TMUX_PANE", "PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES", "TERM_SESSION_ID",
-     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "SSH_AUTH_SOCK", "SSH_AGENT_PID"}
+     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "SSH_AUTH_SOCK", "SSH_AGENT_PID",
+     "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"}
 )
+#: ... nor anything describing a Slurm allocation the user submitted from (salloc/srun).
+_NOT_INHERITED_PREFIXES = ("GPUSCHED_", "SLURM_", "SBATCH_", "SRUN_", "SALLOC_")
 
 
 def write_env_snapshot(path: Path, environ: dict[str, str]) -> None:
@@ -154,7 +157,7 @@ def write_env_snapshot(path: Path, environ: dict[str, str]) -> None:
 
     lines = ["# the environment of the shell that ran `gpusched submit`"]
     for k in sorted(environ):
-        if k in _NOT_INHERITED or k.startswith("GPUSCHED_") or not k.isidentifier():
+        if k in _NOT_INHERITED or k.startswith(_NOT_INHERITED_PREFIXES) or not k.isidentifier():
             continue
         lines.append(f"export {k}={shlex.quote(environ[k])}")
     _atomic_write(path, "\n".join(lines) + "\n", mode=0o600)
