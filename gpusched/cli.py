@@ -115,6 +115,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--probe", help="nvml, none, or fake:4x24GiB")
     s.add_argument("--fake-gpus", help="same as --probe fake:SPEC")
     s.set_defaults(func=cmd_daemon)
+
+    s = sub.add_parser("report", help="the morning after: a suite's jobs, GPUs, GPU-hours; CSV/JSON/timeline")
+    s.add_argument("--suite", help="suite name (default: the most recently submitted)")
+    s.add_argument("--csv", metavar="FILE", help="one row per attempt ('-': stdout)")
+    s.add_argument("--json", metavar="FILE", help="one object per attempt, as a list ('-': stdout)")
+    s.add_argument("--plot", metavar="FILE", help="timeline .png/.svg/.pdf (needs: pip install 'gpusched[plot]')")
+    s.add_argument("--top", type=int, default=5, help="how many of the slowest jobs to list (default 5)")
+    s.set_defaults(func=cmd_report)
     return p
 
 
@@ -247,7 +255,28 @@ def _status_doc(args: argparse.Namespace, store, probe=None) -> dict[str, Any]: 
     home = _home()
     info = daemon.info(home)
     probe = probe or make_probe(_daemon_probe_spec(info))
-    return status_doc(store, probe.snapshot(), daemon=info, suite=args.suite, notice=probe.notice())
+    doc = status_doc(store, probe.snapshot(), daemon=info, suite=args.suite, notice=probe.notice())
+    _add_slurm_details(doc)
+    return doc
+
+
+def _add_slurm_details(doc: dict[str, Any]) -> None:
+    """Slurm job id, node and Slurm state of unfinished Slurm attempts (one batched query)."""
+    jobs = [j for j in doc["jobs"] if (j.get("backend_handle") or {}).get("slurm_job_id")]
+    if not jobs:
+        return
+    from gpusched.executors.slurm import SlurmExecutor
+
+    ex = SlurmExecutor(_home())
+    live = [j for j in jobs if j["state"] == "running"]
+    if live:
+        ex.refresh([j["backend_handle"] for j in live])
+    for j in jobs:
+        slurm: dict[str, Any] = {"job_id": j["backend_handle"]["slurm_job_id"]}
+        info = ex.info(j["backend_handle"]) if j in live else None
+        if info is not None:
+            slurm.update(state=info.state, node=info.node, reason=info.reason)
+        j["slurm"] = slurm
 
 
 def _daemon_probe_spec(info: dict[str, Any] | None) -> str | None:
@@ -305,9 +334,12 @@ def cmd_attach(args: argparse.Namespace) -> int:
     if a.backend != "tmux" or not a.handle:
         hint = ""
         if a.backend == "slurm" and a.handle:
-            from gpusched.executors.slurm import attach_hint
+            from gpusched.attempt import AttemptPaths
+            from gpusched.executors.slurm import SlurmExecutor
 
-            hint = f"; try: {attach_hint(a.handle, a.dir)}"
+            ex = SlurmExecutor(_home())
+            ex.refresh([a.handle])
+            hint = f"; or: {ex.attach_hint(a.handle, log_path=AttemptPaths(Path(a.dir)).output)}"
         raise UsageError(
             f"{job.id} runs with the {a.backend} backend and has no pane: "
             f"use `gpusched logs -f {job.id}`{hint}"
@@ -507,4 +539,40 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         print("no daemon running")
         return 3
     print(json.dumps(info))
+    return 0
+
+
+# --------------------------------------------------------------------------- report
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from gpusched import report, report_render
+
+    if args.plot:
+        from gpusched import plot
+
+        plot.require(args.plot)  # before any work: a missing extra is one line, exit 2
+    store = _store()
+    names = [s.name for s in store.suites()]
+    if args.suite is None and not names:
+        raise UsageError("no suite submitted yet: nothing to report")
+    name = args.suite or names[-1]
+    if name not in names:
+        raise UsageError(f"--suite {name}: no such suite{did_you_mean(name, names)}")
+    rep = report.from_store(store, name)
+    to_stdout = "-" in (args.csv, args.json)
+    if not to_stdout:
+        from rich.console import Console
+
+        Console().print(report_render.render_report(rep, top=args.top))
+    done = []
+    if args.csv:
+        done.append(f"{args.csv} ({report_render.write_csv(rep, args.csv)} attempts)")
+    if args.json:
+        done.append(f"{args.json} ({report_render.write_json(rep, args.json)} attempts)")
+    if args.plot:
+        done.append(str(plot.timeline(rep, args.plot)))
+    done = [d for d in done if not d.startswith("- ")]
+    if done:
+        print("wrote " + ", ".join(done), file=sys.stderr if to_stdout else sys.stdout)
     return 0
