@@ -184,8 +184,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     gpus = plan.parse_gpus(args.gpus, detected=detected)
     if args.gpu_plan is None:
         if backend == "slurm":
-            gpu_plan_text = "1"
-            gpus = (0,)
+            gpu_plan_text, gpus = "1", (0,)  # placeholder: Slurm places jobs
         elif gpus is None and detected is None:
             raise UsageError(
                 "no GPU found to plan for: give --gpu-plan (e.g. --gpu-plan 2 runs two jobs at a time), "
@@ -199,6 +198,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {}
     if backend == "slurm":
         options = {"partition": args.partition, "sbatch_args": list(args.sbatch_arg), "max_queued": args.max_queued}
+        if args.gpu_plan or args.gpus:
+            print("gpusched: note: --gpu-plan/--gpus do not apply on Slurm (Slurm places jobs); "
+                  "--max-queued caps how many are submitted at once", file=sys.stderr)
     if args.dry_run:
         return _print_dry_run(suite, gplan, backend, args.json)
     env_path = home.suite_env(suite.name)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from gpusched import outcome, placement, predict
 from gpusched.attempt import AttemptPaths, materialize
+from gpusched.errors import GpuschedError
 from gpusched.executors import Executor, Handle, LaunchRequest
 from gpusched.gpus import Probe
 from gpusched.model import (
@@ -24,6 +25,7 @@ from gpusched.model import (
     Classification,
     GpuState,
     Outcome,
+    Placement,
     RetryPolicy,
     Step,
     StepKind,
@@ -77,18 +79,34 @@ class Scheduler:
         live = self.store.live_attempts()
         live = self._reap(live, now, report)
         self._stop_cancelled(live, now)
-        gpus = self.probe.snapshot() if snapshot is None else snapshot
+        gpus = self._snapshot() if snapshot is None else snapshot
         self.last_snapshot = gpus
         self._place(live, gpus, now, report)
         return report
 
+    def _snapshot(self) -> list[GpuState]:
+        """The probe's snapshot; [] (place by slots only) should a probe break its promise
+        never to raise: a GPU we cannot read must not stop the queue."""
+        try:
+            return self.probe.snapshot()
+        except Exception:
+            log.exception("GPU probe failed; placing by slots only this tick")
+            return []
+
     # ------------------------------------------------------------------ reap
 
     def _reap(self, live: list[AttemptRow], now: float, report: TickReport) -> list[AttemptRow]:
+        if any(a.state is AttemptState.LAUNCHING for a in live):
+            # A launch completes within the tick that begins it, so an attempt still
+            # `launching` here was left by a crash or a failed mark_running: reconcile it
+            # as a restarted daemon would (adopt, reap, or requeue), never launch it again.
+            for note in self.reconcile(now, only_launching=True):
+                self.on_event(f"reconcile: {note}")
+            live = self.store.live_attempts()
         still: list[AttemptRow] = []
         for a in live:
             if a.state is AttemptState.LAUNCHING:
-                still.append(a)  # being launched by this tick's caller, or reconciled at start
+                still.append(a)  # its backend could not be asked: keep its slot, ask again next tick
                 continue
             result = self._check(a, now)
             if result is None:
@@ -178,6 +196,12 @@ class Scheduler:
         queued = self._candidates(now)
         if not queued:
             return
+        on_slurm = [j for j in queued if self._backend(j) == "slurm"]
+        if on_slurm:
+            self._place_on_slurm(on_slurm, live, now, report)
+            queued = [j for j in queued if self._backend(j) != "slurm"]
+            if not queued:
+                return
         views = self._views(live, gpus, now)
         qjobs = [self._queued_view(j, gpus) for j in queued]
         decision = placement.assign(qjobs, list(views.values()), headroom_frac=self.settings.headroom_frac)
@@ -186,6 +210,28 @@ class Scheduler:
             self._launch(by_id[p.job_id], p, gpus, now, report)
         self.store.set_waits({w.job_id: w.reason for w in decision.waits})
         report.waiting = len(decision.waits)
+
+    def _backend(self, job: JobRow) -> str | None:
+        suite = self._suite(job.suite)
+        return suite.backend if suite else None
+
+    def _place_on_slurm(self, queued: list[JobRow], live: list[AttemptRow], now: float, report: TickReport) -> None:
+        """On Slurm the cluster places jobs; gpusched only caps how many of a suite's jobs are
+        submitted at once (``--max-queued``, default 100) so a 10k-job suite does not flood it."""
+        in_flight = Counter(a.job_id.split("/", 1)[0] for a in live)
+        waits: dict[str, str] = {}
+        for job in queued:
+            suite = self._suite(job.suite)
+            assert suite is not None
+            cap = int(suite.options.get("max_queued") or 100)
+            if in_flight[job.suite] >= cap:
+                waits[job.id] = f"{cap} of the suite's jobs already submitted to Slurm (--max-queued)"
+                continue
+            in_flight[job.suite] += 1
+            tier = min(job.tier, len(suite.suite.tiers) - 1)
+            p = Placement(job_id=job.id, gpu=None, tier=tier, reason="submitted to Slurm, which places it")
+            self._launch(job, p, [], now, report)
+        self.store.set_waits(waits)
 
     def _candidates(self, now: float) -> list[JobRow]:
         rows = self.store.db.execute(
@@ -266,22 +312,24 @@ class Scheduler:
         gpu = next((g for g in gpus if g.index == p.gpu), None)
         token = uuid.uuid4().hex[:16]
         pred = self._predict(job, suite_row, gpus)
-        attempt_id = self.store.begin_attempt(
-            NewAttempt(
-                job_id=job.id,
-                tier=p.tier,
-                tier_name=tier.name,
-                gpu=p.gpu,
-                gpu_uuid=gpu.uuid if gpu else None,
-                backend=suite_row.backend,
-                dir=str(paths.dir),
-                token=token,
-                placement_reason=p.reason,
-                predicted_mib=pred.mib,
-                prediction_source=pred.source,
-            ),
-            now=now,
+        new = NewAttempt(
+            job_id=job.id,
+            tier=p.tier,
+            tier_name=tier.name,
+            gpu=p.gpu,
+            gpu_uuid=gpu.uuid if gpu else None,
+            backend=suite_row.backend,
+            dir=str(paths.dir),
+            token=token,
+            placement_reason=p.reason,
+            predicted_mib=pred.mib,
+            prediction_source=pred.source,
         )
+        try:
+            attempt_id = self.store.begin_attempt(new, now=now)
+        except GpuschedError as e:  # cancelled (or moved) by a client since this tick read the queue
+            log.info("not launching %s: %s", job.id, e)
+            return
         try:
             materialize(
                 paths,
@@ -332,42 +380,77 @@ class Scheduler:
 
     # ------------------------------------------------------------------ restart
 
-    def reconcile(self, now: float) -> list[str]:
+    def reconcile(self, now: float, *, only_launching: bool = False) -> list[str]:
         """After a daemon (re)start: adopt what still runs, reap what ended while we were
         down, and declare lost what vanished. Never launches anything twice: an attempt
-        recorded ``launching`` is adopted if any trace of it exists, else declared lost
-        (and its job requeued as a NEW attempt)."""
+        recorded ``launching`` is adopted if any trace of it exists (its token on a pane or
+        in a process's environment, its pid file, its exit record), else it never started
+        and its job is requeued at the same tier, not counted as lost. An attempt whose
+        backend cannot be asked is left as it is. ``only_launching``: just those (the tick
+        calls this for attempts a crash left ``launching``)."""
+        live = self.store.live_attempts()
+        if only_launching:
+            live = [a for a in live if a.state is AttemptState.LAUNCHING]
         notes: list[str] = []
         found: dict[str, tuple[str, Handle]] = {}
-        for name, ex in self.executors.items():
+        unreachable: set[str] = set()
+        for name in sorted({a.backend for a in live}):
             try:
-                for token, handle in ex.discover().items():
+                for token, handle in self.executors[name].discover().items():
                     found[token] = (name, handle)
             except Exception as e:  # a backend that cannot answer must not stop the others
+                unreachable.add(name)
                 notes.append(f"{name}: could not list running attempts ({e})")
-        for a in self.store.live_attempts():
-            notes.append(self._reconcile_one(a, found, now))
+        for a in live:
+            notes.append(self._reconcile_one(a, found, unreachable, now))
         return [n for n in notes if n]
 
-    def _reconcile_one(self, a: AttemptRow, found: dict[str, tuple[str, Handle]], now: float) -> str:
+    def _reconcile_one(
+        self, a: AttemptRow, found: dict[str, tuple[str, Handle]], unreachable: set[str], now: float
+    ) -> str:
         paths = AttemptPaths(Path(a.dir))
         exit_rec = paths.read_exit()
         if exit_rec is not None:
             out = self.reap_attempt(a, exit_rec, now)
             return f"{a.job_id}: ended while the daemon was down ({out.value})"
-        if a.token in found:
-            handle = found[a.token][1]
-            if a.state is AttemptState.LAUNCHING:
-                self.store.mark_running(a.id, handle, now=now)
-            else:
-                self.store.set_handle(a.id, {**(a.handle or {}), **handle})
-            return f"{a.job_id}: re-adopted"
         ex = self.executors.get(a.backend)
+        pane = found[a.token][1] if a.token in found else None
+        if pane is not None and not pane.get("dead"):
+            return self._adopt(a, pane, now, "re-adopted")
         if a.handle is not None and ex is not None and ex.alive(a.handle):
             return f"{a.job_id}: still running"
         pid = paths.read_pid()
-        if pid is not None and ex is not None and ex.alive({"pid": pid[0], "pid_started_at": pid[1]}):
-            self.store.mark_running(a.id, {"pid": pid[0], "pid_started_at": pid[1]}, now=now)
-            return f"{a.job_id}: re-adopted by pid {pid[0]}"
-        out = self.reap_attempt(a, paths.read_exit(), now)
+        if pid is not None and ex is not None:
+            # a dead pane whose group still runs, or a wrapper we never saw: trust the pid
+            # file, whose start time guards against a reused pid
+            by_pid = {**(pane or {}), "pid": pid[0], "pid_started_at": pid[1]}
+            by_pid.pop("dead", None)
+            if ex.alive(by_pid):
+                return self._adopt(a, by_pid, now, f"re-adopted by pid {pid[0]}")
+        if a.backend in unreachable:
+            return f"{a.job_id}: left as it is until {a.backend} answers"
+        exit_rec = paths.read_exit()  # it may have ended while we looked
+        if exit_rec is None and pid is None and a.state is AttemptState.LAUNCHING:
+            job = self.store.job(a.job_id)
+            if job is not None and not job.cancel_requested:
+                self._never_started(a, now)
+                return f"{a.job_id}: attempt {a.n} never started; requeued at tier {a.tier_name}"
+        out = self.reap_attempt(a, exit_rec, now)
         return f"{a.job_id}: vanished with no exit record ({out.value})"
+
+    def _adopt(self, a: AttemptRow, handle: Handle, now: float, note: str) -> str:
+        if a.state is AttemptState.LAUNCHING:
+            self.store.mark_running(a.id, handle, now=now)
+        else:
+            self.store.set_handle(a.id, {**(a.handle or {}), **handle})
+        return f"{a.job_id}: {note}"
+
+    def _never_started(self, a: AttemptRow, now: float) -> None:
+        """The daemon stopped between recording the attempt and starting its wrapper (no
+        pid file, no process, no exit record: its command never ran). Requeue the job at
+        the same tier without counting a loss, so crashes alone can never fail a job."""
+        result = Classification(outcome=Outcome.LOST, reason="never started: the daemon stopped before launching it")
+        step = Step(kind=StepKind.REQUEUE, tier=a.tier, reason=f"requeued at tier {a.tier_name}: its launch was "
+                    "interrupted before it started (not counted as lost)")
+        self.store.finish_attempt(a.id, exit=None, result=result, step=step, now=now, count_lost=False)
+        self.on_event(f"{a.job_id}: attempt {a.n} ({a.tier_name}) never started -> {step.reason}")

@@ -65,6 +65,7 @@ def test_suite_on_slurm_oom_requeue_error_cancel(gs_home: Path, project: Path) -
     slow = retry_until(lambda: status(project)["sl/slow"].get("slurm", {}).get("state") == "RUNNING"
                        and status(project)["sl/slow"], timeout=60)
     assert slow["slurm"]["job_id"] and slow["slurm"]["node"]
+    assert all(j["attempt"] >= 1 for j in status(project).values())  # Slurm places them, all at once
     att = run_cli("attach", "sl/slow", cwd=project)
     assert att.returncode == 2 and "srun --jobid" in att.stderr
     retry_until(lambda: (project / "logs/sl/slow/1-A/output.log").exists()
