@@ -27,6 +27,7 @@ Config keys (YAML mapping; unknown keys are listed once and ignored):
                                lora_rank, lora_alpha}
   train_examples, eval_examples
   simulate_oom_above_batch, simulate_oom_after_step   tests only, see _simulated_cuda_oom
+  gpu_memory_gib              cap this process's CUDA memory (emulate a smaller card)
 The defaults are tiny (20 steps in seconds on a CPU); configs/gla_lora_base.yaml is GPU-sized.
 
 A checkpoint holds the trainable weights, the optimizer, the step and how many samples were
@@ -116,6 +117,7 @@ class TrainConfig:
     eval_examples: int = 256
     simulate_oom_above_batch: int | None = None
     simulate_oom_after_step: int = 0
+    gpu_memory_gib: float | None = None  # cap this process's CUDA memory: emulate a smaller card
     model: ModelConfig = field(default_factory=ModelConfig)
 
     @property
@@ -464,6 +466,13 @@ class Trainer:
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if cfg.gpu_memory_gib and self.device.type == "cuda":
+            # benchmarks/gpu_oom_ladder.py: a 24 GiB card emulated on a bigger one; past the cap
+            # the caching allocator raises a genuine torch.OutOfMemoryError
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            torch.cuda.set_per_process_memory_fraction(
+                min(1.0, cfg.gpu_memory_gib * 2**30 / total), self.device
+            )
         self.dtype = self._autocast_dtype()
         torch.manual_seed(cfg.seed)
         self.model = GLAClassifier(cfg.model, cfg.num_labels).to(self.device)
@@ -560,6 +569,14 @@ class Trainer:
         return correct / len(ds)
 
 
+def progress_line(cfg: TrainConfig, p: Progress) -> str:
+    """The line gpusched shows as a job's last line; keep its shape, tools parse it."""
+    return (
+        f"step {p.step}/{cfg.max_steps} loss {p.loss:.4f} "
+        f"micro_batch {cfg.batch_size} accum {cfg.gradient_accumulation_steps}"
+    )
+
+
 def train(cfg: TrainConfig) -> None:
     trainer = Trainer(cfg)
     print(trainer.describe(), flush=True)
@@ -581,11 +598,7 @@ def train(cfg: TrainConfig) -> None:
         p.step += 1
         p.samples_seen += cfg.batch_size * cfg.gradient_accumulation_steps
         if p.step % cfg.log_every == 0 or p.step == cfg.max_steps:
-            print(
-                f"step {p.step}/{cfg.max_steps} loss {p.loss:.4f} "
-                f"micro_batch {cfg.batch_size} accum {cfg.gradient_accumulation_steps}",
-                flush=True,
-            )
+            print(progress_line(cfg, p), flush=True)
         if out is not None and cfg.save_every and (p.step % cfg.save_every == 0 or p.step == cfg.max_steps):
             save_checkpoint(out, trainer.state())
         report(steps_done=p.step)
