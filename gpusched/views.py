@@ -186,10 +186,10 @@ def render_status(doc: dict[str, Any], *, max_jobs: int = MAX_TABLE_JOBS) -> Any
             j["id"],
             Text(j["state"] + (" (stopping)" if j.get("cancel_requested") else ""), style=STATE_STYLE.get(j["state"], "")),
             "" if j["gpu"] is None or j["state"] != "running" else str(j["gpu"]),
-            f"{j['tier']}",
+            f"{j['tier']} ({j['tier_index'] + 1}/{j['tiers']})" if j.get("tiers", 1) > 1 else f"{j['tier']}",
             f"{j['attempt']}" if j["attempt"] else "",
             _dur(j.get("runtime_s")),
-            (f"[{j['outcome']}] " if j.get("outcome") and j["state"] != "running" else "") + (why or ""),
+            Text((f"[{j['outcome']}] " if j.get("outcome") and j["state"] != "running" else "") + (why or "")),
         )
     parts.append(jt)
     if len(shown) < len(jobs):
