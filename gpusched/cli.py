@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--suite", help="suite name (default: the most recently submitted)")
     s.add_argument("--csv", metavar="FILE", help="one row per attempt ('-': stdout)")
     s.add_argument("--json", metavar="FILE", help="one object per attempt, as a list ('-': stdout)")
-    s.add_argument("--plot", metavar="FILE", help="timeline .png/.svg/.pdf (needs: pip install 'gpusched[plot]')")
+    s.add_argument("--plot", metavar="FILE", help="timeline .png/.svg/.pdf (pip install 'gpusched[plot]')")
     s.add_argument("--top", type=int, default=5, help="how many of the slowest jobs to list (default 5)")
     s.set_defaults(func=cmd_report)
     return p
