@@ -29,6 +29,10 @@ from gpusched.home import Home
 
 log = logging.getLogger(__name__)
 
+#: Seconds between SIGTERM and SIGKILL when a running job is cancelled (tests set it low).
+CANCEL_GRACE_ENV = "GPUSCHED_CANCEL_GRACE_S"
+_LOCK_WAIT_S = 2.0
+
 
 # --------------------------------------------------------------------------- clients
 
@@ -151,10 +155,13 @@ def run(home: Home, *, probe_spec: str | None = None, interval_s: float = 1.0, s
     home.ensure()
     lock = FileLock(str(home.lock))
     try:
-        lock.acquire(timeout=0)
+        # not timeout=0: a client's info() holds the lock for an instant while it looks
+        lock.acquire(timeout=_LOCK_WAIT_S)
     except Timeout:
         print("gpusched: a daemon already runs for this user", file=sys.stderr)
         return 0
+    # a daemon killed with -9 leaves its daemon.json: replace it before anyone reads its pid
+    _write_info(home, {"pid": os.getpid(), "started_at": time.time(), "ready": False})
     logging.basicConfig(
         level=os.environ.get("GPUSCHED_LOG", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -173,7 +180,8 @@ def run(home: Home, *, probe_spec: str | None = None, interval_s: float = 1.0, s
     probe = make_probe(probe_spec)
     executors = _Executors(home)
     executors.preload(sorted({s.backend for s in store.suites()}))
-    sched = Scheduler(store, probe, executors, settings=Settings(wake_path=str(home.wake)))
+    settings = Settings(wake_path=str(home.wake), cancel_grace_s=_cancel_grace_s())
+    sched = Scheduler(store, probe, executors, settings=settings)
     info_doc = {
         "pid": os.getpid(),
         "started_at": time.time(),
@@ -183,15 +191,29 @@ def run(home: Home, *, probe_spec: str | None = None, interval_s: float = 1.0, s
         "ready": False,
     }
     _write_info(home, info_doc)
-    for note in sched.reconcile(time.time()):
-        log.info("reconcile: %s", note)
+    try:
+        for note in sched.reconcile(time.time()):
+            log.info("reconcile: %s", note)
+    except Exception:  # what is left `launching` is reconciled again by the next tick
+        log.exception("reconcile failed; the ticks will retry")
     _write_info(home, {**info_doc, "ready": True})
-    log.info("daemon %s ready (probe %s)", os.getpid(), probe.name)
+    log.info("daemon %s ready (probe %s, cancel grace %.1f s)", os.getpid(), probe.name, settings.cancel_grace_s)
     last_sample = 0.0
+    failures = 0
     try:
         while not stopping:
             now = time.time()
-            sched.tick(now)
+            try:
+                sched.tick(now)
+                failures = 0
+            except Exception:
+                # Never die of one bad tick (a full disk, a locked database, a backend
+                # hiccup): every transition is its own transaction, so the store is at a
+                # boundary; back off and tick again. Jobs keep running meanwhile.
+                failures += 1
+                log.exception("tick failed (%d in a row); retrying", failures)
+                _wait(fifo, min(30.0, 0.5 * 2 ** min(failures, 6)))
+                continue
             if now - last_sample >= sample_s:
                 _sample(store, sched, now)
                 last_sample = now
@@ -204,6 +226,23 @@ def run(home: Home, *, probe_spec: str | None = None, interval_s: float = 1.0, s
         store.close()
         lock.release()
     return 0
+
+
+def _cancel_grace_s() -> float:
+    """SIGTERM -> SIGKILL grace of a cancel: ``GPUSCHED_CANCEL_GRACE_S`` (seconds), else the
+    default of :class:`~gpusched.scheduler.Settings`."""
+    from gpusched.scheduler import Settings
+
+    raw = os.environ.get(CANCEL_GRACE_ENV, "").strip()
+    if raw:
+        try:
+            value = float(raw)
+            if value >= 0 and value == value:  # not negative, not NaN
+                return value
+        except ValueError:
+            pass
+        log.warning("%s=%r is not a number of seconds >= 0; using the default", CANCEL_GRACE_ENV, raw)
+    return Settings().cancel_grace_s
 
 
 def _wait(fifo: int, timeout_s: float) -> None:

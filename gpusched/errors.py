@@ -14,6 +14,10 @@ class GpuschedError(Exception):
 
     exit_code = 2
 
+    def __str__(self) -> str:
+        # one line whatever a user typed into the value it quotes (`--gpus $'0\n1'`)
+        return super().__str__().replace("\r", "\\r").replace("\n", "\\n")
+
 
 class PlanError(GpuschedError):
     """A suite plan file, or a plan-like flag (--gpu-plan, --gpus, --pairs), is wrong."""

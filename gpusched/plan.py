@@ -848,12 +848,12 @@ def parse_gpus(text: str | None, *, detected: int | None) -> tuple[int, ...] | N
 
 
 def _gpu_entry(text: str, token: str) -> list[int]:
-    if token.isdigit():
+    if token.isascii() and token.isdigit():  # not "²": str.isdigit() takes it, int() does not
         return [int(token)]
-    span = re.fullmatch(r"(\d+)-(\d+)", token)
+    span = re.fullmatch(r"([0-9]+)-([0-9]+)", token)
     if span and int(span.group(1)) <= int(span.group(2)) and int(span.group(2)) - int(span.group(1)) < 1024:
         return list(range(int(span.group(1)), int(span.group(2)) + 1))
-    if re.fullmatch(r"-\d+", token):
+    if re.fullmatch(r"-[0-9]+", token):
         raise PlanError(f"--gpus {text}: {token} is negative; GPU indices start at 0 (see nvidia-smi)")
     if span:
         raise PlanError(f"--gpus {text}: range {token} runs backwards; write it low-high, e.g. 4-6")
@@ -884,7 +884,7 @@ def parse_gpu_plan(text: str, *, gpus: tuple[int, ...] | None, detected: int | N
     example = "--gpu-plan 2,2,1"
     slots = []
     for i, entry in enumerate(_entries("--gpu-plan", text, "2,2,1"), 1):
-        if not entry.isdigit():
+        if not (entry.isascii() and entry.isdigit()):
             raise PlanError(
                 f"--gpu-plan {text}: entry {i} {entry!r} is not a whole number >= 0 "
                 f"(the most jobs at once on that GPU); e.g. {example}"

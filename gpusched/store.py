@@ -585,8 +585,11 @@ class Store:
         result: Classification,
         step: Step,
         now: float,
+        count_lost: bool = True,
     ) -> None:
-        """Record an attempt's end and move its job per ``step`` in ONE transaction."""
+        """Record an attempt's end and move its job per ``step`` in ONE transaction.
+        ``count_lost=False``: a ``lost`` outcome does not count towards the job's losses
+        (an attempt that provably never started)."""
         with self.tx():
             a = self.db.execute("SELECT * FROM attempts WHERE id = ?", (attempt_id,)).fetchone()
             if a is None or a["state"] == AttemptState.EXITED.value:
@@ -608,9 +611,11 @@ class Store:
                 ),
             )
             job = self.db.execute("SELECT * FROM jobs WHERE id = ?", (a["job_id"],)).fetchone()
-            self._apply_step(job, result, step, now)
+            self._apply_step(job, result, step, now, count_lost=count_lost)
 
-    def _apply_step(self, job: sqlite3.Row, result: Classification, step: Step, now: float) -> None:
+    def _apply_step(
+        self, job: sqlite3.Row, result: Classification, step: Step, now: float, *, count_lost: bool = True
+    ) -> None:
         common: dict[str, Any] = {
             "outcome": result.outcome.value,
             "reason": step.reason,
@@ -619,7 +624,7 @@ class Store:
         }
         if result.outcome.value == "error":
             common["errors"] = job["errors"] + 1
-        if result.outcome.value == "lost":
+        if result.outcome.value == "lost" and count_lost:
             common["lost"] = job["lost"] + 1
         if step.kind is StepKind.REQUEUE:
             self._move(job, JobState.QUEUED, now, avoid_gpu=step.avoid_gpu, not_before=step.not_before, **common)
