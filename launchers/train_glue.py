@@ -182,6 +182,7 @@ _CONVERTERS: dict[str, Any] = {
     "int": _to_int,
     "int | None": _to_int,
     "float": float,
+    "float | None": float,
     "bool": _to_bool,
     "str": str,
     "str | None": str,

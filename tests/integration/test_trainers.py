@@ -5,6 +5,7 @@ train_glue.py needs torch (its tests skip with a reason without it); demo_job.py
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -212,6 +213,23 @@ def test_train_glue_rejects_a_bad_config_with_the_key(
     cfg.write_text(yaml.safe_dump({**TINY, "gradient_checkpointing": "maybe"}))
     assert train_glue.main(["--config", str(cfg)]) == 2
     assert "gradient_checkpointing: 'maybe' is not valid" in capsys.readouterr().err
+
+
+@needs_torch
+def test_train_glue_parses_every_key_it_declares(train_glue: ModuleType, tmp_path: Path) -> None:
+    """A key added to TrainConfig/ModelConfig must be readable from YAML, as YAML writes it."""
+    samples = {"int": 3, "int | None": 3, "float": 0.5, "float | None": 0.5, "bool": True, "str": "x"}
+    samples |= {"str | None": "x", "str | bool | None": "x"}
+
+    def values(cls: type) -> dict[str, Any]:
+        return {f.name: samples[str(f.type)] for f in dataclasses.fields(cls) if f.name != "model"}
+
+    raw = {**values(train_glue.TrainConfig), "precision": "bf16", "model": values(train_glue.ModelConfig)}
+    raw["model"] |= {"hidden_size": 64, "num_heads": 2, "seq_len": 16, "vocab_size": 128}
+    (tmp_path / "all.yaml").write_text(yaml.safe_dump(raw))
+    cfg, ignored = train_glue.load_config(str(tmp_path / "all.yaml"))
+    assert ignored == []
+    assert dataclasses.asdict(cfg) == raw
 
 
 @needs_torch
