@@ -1,22 +1,36 @@
-"""The one place gpusched runs external commands and touches other processes.
+"""The one place gpusched runs external commands and touches other processes (STYLE #8).
 
-``run`` logs the command and raises :class:`CommandFailed` (command, exit code, stderr);
-``spawn`` starts a detached process group; the rest answers "is that process still the
-one we started?" without being fooled by PID reuse.
+- :func:`run` runs a command to completion, logs it at DEBUG and raises
+  :class:`~gpusched.errors.CommandFailed` (command, exit code, stderr) when it fails.
+- :func:`spawn` starts a detached process in its own session, and remembers it so that
+  :func:`is_alive` reaps it once it ends (no zombies, whichever executor object asks).
+- The rest answers "is that still the process (group) we started?" without being fooled
+  by PID reuse: a process is named by its pid *and* its start time.
+
+No other module imports :mod:`subprocess`; no function here configures logging.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import shlex
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, Any
 
-from gpusched.errors import CommandFailed, ExecutorError
+from gpusched.errors import CommandFailed
 
 log = logging.getLogger(__name__)
+
+#: Two start times closer than this name the same process (``/proc`` counts in clock ticks,
+#: a wrapper's own clock reading comes a little after its fork).
+SAME_START_S = 1.0
+
+#: Children started by :func:`spawn` that may not have been reaped yet, by pid.
+_children: dict[int, subprocess.Popen[bytes]] = {}
 
 
 def run(
@@ -26,21 +40,38 @@ def run(
     timeout: float | None = 30.0,
     env: Mapping[str, str] | None = None,
     input: str | None = None,
-    cwd: str | None = None,
+    cwd: str | os.PathLike[str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``cmd`` to completion; raise CommandFailed on a non-zero exit when ``check``."""
-    log.debug("run: %s", " ".join(cmd))
+    """Run ``cmd`` to completion and return its result (stdout and stderr as text).
+
+    ``env`` replaces the environment (None: inherit this process's); stdin is empty unless
+    ``input`` is given. Raises :class:`CommandFailed` when the command exits non-zero and
+    ``check``, when it outlives ``timeout`` seconds (code 124, the child is killed) and when
+    the program does not exist (code 127), so callers handle one error type.
+    """
+    argv = [os.fspath(c) for c in cmd]
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("run: %s", shlex.join(argv))
+    stdin: dict[str, Any] = {"input": input} if input is not None else {"stdin": subprocess.DEVNULL}
     try:
         r = subprocess.run(
-            list(cmd), capture_output=True, text=True, timeout=timeout, env=dict(env) if env else None,
-            input=input, cwd=cwd, check=False,
+            argv,
+            capture_output=True,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+            timeout=timeout,
+            env=None if env is None else dict(env),
+            cwd=cwd,
+            check=False,
+            **stdin,
         )
     except FileNotFoundError as e:
-        raise ExecutorError(f"{cmd[0]}: not found on PATH") from e
+        raise CommandFailed(argv, 127, f"{argv[0]}: not found ({e.strerror})") from e
     except subprocess.TimeoutExpired as e:
-        raise CommandFailed(cmd, -1, f"timed out after {timeout} s") from e
+        raise CommandFailed(argv, 124, f"timed out after {timeout} s") from e
     if check and r.returncode != 0:
-        raise CommandFailed(cmd, r.returncode, r.stderr)
+        raise CommandFailed(argv, r.returncode, r.stderr)
     return r
 
 
@@ -48,20 +79,49 @@ def spawn(
     argv: Sequence[str],
     *,
     env: Mapping[str, str] | None = None,
-    cwd: str | None = None,
+    cwd: str | os.PathLike[str] | None = None,
     stdout: IO[Any] | int | None = subprocess.DEVNULL,
     stderr: IO[Any] | int | None = subprocess.DEVNULL,
 ) -> subprocess.Popen[bytes]:
-    """Start ``argv`` in a new session (its own process group, no controlling terminal),
-    so it survives the caller's death and the user's logout."""
-    log.debug("spawn: %s", " ".join(argv))
-    return subprocess.Popen(
-        list(argv), env=dict(env) if env is not None else None, cwd=cwd, stdin=subprocess.DEVNULL,
-        stdout=stdout, stderr=stderr, start_new_session=True, close_fds=True,
-    )
+    """Start ``argv`` in a new session and return once it has been exec'd.
+
+    The child leads its own session and process group (so :func:`signal_group` reaches all
+    of it), has no controlling terminal (a logout's SIGHUP does not reach it), reads
+    /dev/null and inherits no other file descriptor. ``env`` replaces the environment.
+    The child is remembered until :func:`is_alive` (or :func:`reap`) sees it end.
+    Raises :class:`CommandFailed` (code 127) when the program cannot be started.
+    """
+    args = [os.fspath(a) for a in argv]
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("spawn: %s", shlex.join(args))
+    try:
+        p = subprocess.Popen(
+            args,
+            env=None if env is None else dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as e:
+        raise CommandFailed(args, 127, f"{args[0]}: cannot start ({e.strerror})") from e
+    _children[p.pid] = p
+    return p
 
 
-_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+def reap() -> None:
+    """Collect every spawned child that has ended (one non-blocking wait each)."""
+    for pid, child in list(_children.items()):
+        if child.poll() is not None:
+            _children.pop(pid, None)
+
+
+# ---------------------------------------------------------------------- process facts
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+_HAVE_PROC = os.path.isdir("/proc/self")
 _boot_time: float | None = None
 
 
@@ -74,59 +134,142 @@ def _boot() -> float:
     return _boot_time
 
 
-def started_at(pid: int) -> float | None:
-    """The process's start time (epoch seconds), or None if it does not exist or is a zombie.
-    Reads /proc directly where it can (microseconds), psutil otherwise."""
+def _stat(pid: int) -> tuple[str, float] | None:
+    """(state letter, start time) of ``pid`` from /proc/PID/stat; None when no such entry.
+    One small read: microseconds, which is why ``alive`` checks need no psutil."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
             data = f.read()
-    except OSError:
-        return _started_at_psutil(pid)
-    rest = data[data.rfind(b")") + 2 :].split()
-    if rest[0] in (b"Z", b"X"):  # zombie / dead: it has exited
-        return None
-    return _boot() + int(rest[19]) / _CLK_TCK
+    except (OSError, ValueError):
+        return None if _HAVE_PROC else _stat_psutil(pid)
+    rest = data[data.rfind(b")") + 2 :].split()  # the name (field 2) may contain spaces
+    return rest[0].decode(), _boot() + int(rest[19]) / _CLK_TCK
 
 
-def _started_at_psutil(pid: int) -> float | None:
+def _stat_psutil(pid: int) -> tuple[str, float] | None:  # pragma: no cover - no /proc
     import psutil
 
     try:
         p = psutil.Process(pid)
-        if p.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return p.create_time()
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        with p.oneshot():
+            state = "Z" if p.status() == psutil.STATUS_ZOMBIE else "R"
+            return state, p.create_time()
+    except psutil.Error:
         return None
+
+
+def started_at(pid: int, *, zombies: bool = False) -> float | None:
+    """Start time (epoch seconds) of the running process ``pid``; None when there is none
+    (gone, or a zombie: it has exited; ``zombies=True`` answers for those too, e.g. to
+    record a just-spawned child that has already ended)."""
+    st = _stat(pid)
+    if st is None or (st[0] in ("Z", "X") and not zombies):
+        return None
+    return st[1]
 
 
 def is_alive(pid: int | None, started: float | None) -> bool:
-    """True if ``pid`` runs and is the same process (start time within 1 s) as recorded."""
+    """True while ``pid`` runs and is the process that started at ``started`` (within
+    :data:`SAME_START_S`; ``started`` None skips that check). Zombies count as dead. A child
+    of :func:`spawn` is polled, which also reaps it once it has ended."""
     if not pid:
         return False
-    now_started = started_at(int(pid))
-    if now_started is None:
+    child = _children.get(int(pid))
+    if child is not None:
+        if child.poll() is None:
+            return True  # an unreaped child's pid cannot have been reused
+        _children.pop(int(pid), None)
         return False
-    return started is None or abs(now_started - float(started)) < 1.0
+    now = started_at(int(pid))
+    return now is not None and (started is None or abs(now - float(started)) <= SAME_START_S)
+
+
+def group_alive(pid: int | None, started: float | None) -> bool:
+    """True while the process group led by ``pid`` (started at ``started``) has a live member:
+    the leader itself, or, once the leader has exited, anything it left in its group (a job's
+    child that ignored SIGTERM, say). Linux never reuses a number that still names a process
+    group, so a pid that now names another live process means our group is gone. A live
+    leader costs one /proc read; a gone one a kill(0) and, only if that finds someone, a
+    scan of the process table."""
+    if not pid:
+        return False
+    if is_alive(pid, started):
+        return True
+    st = _stat(int(pid))
+    if st is not None and st[0] not in ("Z", "X"):  # the number now names another process
+        return False
+    return bool(group_members(int(pid)))  # the leader is gone (or a zombie): anyone left?
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids of the live (non-zombie) processes in process group ``pgid``; [] when none.
+    Scans the process table, so callers ask only when the group's leader is gone."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return []
+    except PermissionError:
+        pass  # it exists but belongs to someone else; list it anyway
+    import psutil
+
+    members = []
+    for pid in psutil.pids():
+        try:
+            if os.getpgid(pid) != pgid:
+                continue
+        except OSError:
+            continue
+        st = _stat(pid)
+        if st is not None and st[0] not in ("Z", "X"):
+            members.append(pid)
+    return members
 
 
 def signal_group(pid: int, sig: int = signal.SIGTERM) -> bool:
-    """Signal the process group led by ``pid``; False if it is gone."""
+    """Send ``sig`` to the process group led by ``pid``. False (and nothing raised) when the
+    group is gone or not ours to signal."""
     try:
         os.killpg(int(pid), sig)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return False
+    except OSError as e:
+        if e.errno in (errno.ESRCH, errno.EPERM):
+            return False
+        raise
+    return True
 
 
 def descendants(pid: int) -> list[int]:
-    """``pid`` and every process below it (for matching GPU processes to jobs)."""
+    """``pid`` itself followed by every live process below it ([] when ``pid`` is gone);
+    for matching GPU processes to the job that owns them."""
     import psutil
 
     try:
-        p = psutil.Process(pid)
-        return [pid, *(c.pid for c in p.children(recursive=True))]
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
+    except psutil.Error:
         return []
+
+
+def process_trees(roots: Iterable[int]) -> dict[int, frozenset[int]]:
+    """``root -> {root and every process below it}`` for each live root, from ONE scan of the
+    process table (``descendants`` per root would scan it once per root). A root that is
+    gone is left out."""
+    import psutil
+
+    children: dict[int, list[int]] = {}
+    alive: set[int] = set()
+    for p in psutil.process_iter(["ppid"]):
+        alive.add(p.pid)
+        ppid = p.info.get("ppid")
+        if ppid is not None:
+            children.setdefault(ppid, []).append(p.pid)
+    out: dict[int, frozenset[int]] = {}
+    for root in roots:
+        if root not in alive:
+            continue
+        seen, stack = {root}, [root]
+        while stack:
+            for child in children.get(stack.pop(), ()):
+                if child not in seen:
+                    seen.add(child)
+                    stack.append(child)
+        out[root] = frozenset(seen)
+    return out

@@ -16,7 +16,9 @@ def retry_until(predicate: Callable[[], T], timeout: float = 10.0, interval: flo
     last: T = predicate()
     while not last:
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s: {getattr(predicate, '__name__', predicate)}")
+            raise AssertionError(
+                f"condition not met within {timeout} s: {getattr(predicate, '__name__', predicate)}"
+            )
         time.sleep(interval)
         last = predicate()
     return last

@@ -1,67 +1,85 @@
-"""Attempts as plain detached processes: ``sh wrap.sh DIR file`` in its own session.
+"""Attempts as plain detached processes: ``sh wrap.sh ATTEMPT_DIR file`` in its own session.
 
-For machines without tmux, CI, and speed (no terminal emulation). A process started here
-outlives the daemon; a restarted daemon finds it again by the token in its environment.
+For machines without tmux, CI, and speed (no terminal emulation). The wrapper leads its own
+session and process group, reads /dev/null and writes only into the attempt directory, so it
+outlives the daemon and the user's logout. A restarted daemon finds it again by the
+``GPUSCHED_TOKEN`` (and ``GPUSCHED_HOME``) in its environment.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
-from dataclasses import dataclass, field
 
 from gpusched import proc
 from gpusched.executors import WRAPPER, Handle, LaunchRequest
 from gpusched.home import Home
 
 
-@dataclass
 class SubprocessExecutor:
-    home: Home
-    name: str = "subprocess"
-    _children: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+    """The :class:`~gpusched.executors.Executor` that runs each attempt as a detached process.
+
+    Handle: ``{"pid": wrapper pid, "pid_started_at": its start time}``; the wrapper leads the
+    attempt's process group, so ``pid`` is also the group id.
+    """
+
+    name = "subprocess"
+
+    def __init__(self, home: Home) -> None:
+        self.home = home
 
     def launch(self, req: LaunchRequest) -> Handle:
-        env = {**os.environ, **req.env, "GPUSCHED_TOKEN": req.token}
-        p = proc.spawn(["sh", str(WRAPPER), str(req.attempt_dir), "file"], env=env, cwd=str(req.workdir))
-        self._children[p.pid] = p
-        return {"pid": p.pid, "pid_started_at": proc.started_at(p.pid)}
+        """Start the wrapper; return once it has been exec'd. Its environment is this process's,
+        plus ``GPUSCHED_JOB_ID`` (unless ``req.env`` sets it), ``req.env``, and last
+        ``GPUSCHED_TOKEN`` and ``GPUSCHED_HOME`` (which :meth:`discover` relies on)."""
+        env = {
+            **os.environ,
+            "GPUSCHED_JOB_ID": req.job_id,
+            **req.env,
+            "GPUSCHED_TOKEN": req.token,
+            "GPUSCHED_HOME": str(self.home.root),
+        }
+        p = proc.spawn(wrapper_argv(req), env=env, cwd=req.workdir)
+        return {"pid": p.pid, "pid_started_at": proc.started_at(p.pid, zombies=True)}
 
     def alive(self, handle: Handle) -> bool:
-        pid = handle.get("pid")
-        child = self._children.get(pid) if pid else None
-        if child is not None:  # our own child: poll() also reaps it (no zombies)
-            if child.poll() is None:
-                return True
-            del self._children[pid]
-            return False
-        return proc.is_alive(pid, handle.get("pid_started_at"))
+        """True while the wrapper runs, or anything it left in its process group. No exec:
+        one /proc read (and a reap of our own finished child)."""
+        return proc.group_alive(handle.get("pid"), handle.get("pid_started_at"))
 
     def terminate(self, handle: Handle, *, force: bool = False) -> None:
+        """SIGTERM (SIGKILL when ``force``) the attempt's process group; nothing when it is gone."""
         pid = handle.get("pid")
-        if pid and proc.is_alive(pid, handle.get("pid_started_at")):
+        if pid is not None and proc.group_alive(pid, handle.get("pid_started_at")):
             proc.signal_group(pid, signal.SIGKILL if force else signal.SIGTERM)
 
     def discover(self) -> dict[str, Handle]:
-        """Live wrappers of this user, by the token in their environment."""
+        """token -> handle of every wrapper this home started that still runs (this backend
+        keeps nothing of an ended attempt). Scans the process table once: reads each
+        process's command line, and the environment of wrappers only."""
         import psutil
 
+        proc.reap()
+        home = str(self.home.root)
         found: dict[str, Handle] = {}
-        me = os.getuid()
-        for p in psutil.process_iter(["pid", "uids", "cmdline", "create_time"]):
-            try:
-                if p.info["uids"] is None or p.info["uids"].real != me:
-                    continue
-                cmd = p.info["cmdline"] or []
-                if len(cmd) < 2 or not cmd[1].endswith("wrap.sh"):
-                    continue
-                token = p.environ().get("GPUSCHED_TOKEN")
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        for p in psutil.process_iter(["cmdline"]):
+            cmd = p.info["cmdline"] or []
+            if len(cmd) != 4 or not cmd[1].endswith("/wrap.sh") or cmd[3] != "file":
                 continue
-            if token:
-                found[token] = {"pid": p.pid, "pid_started_at": p.info["create_time"]}
+            try:
+                env = p.environ()
+            except psutil.Error:  # gone, or another user's
+                continue
+            token = env.get("GPUSCHED_TOKEN")
+            started = proc.started_at(p.pid)
+            if token and env.get("GPUSCHED_HOME") == home and started is not None:
+                found[token] = {"pid": p.pid, "pid_started_at": started}
         return found
 
     def release(self, handle: Handle) -> None:
-        pass
+        """Nothing to release: an ended process leaves nothing behind but its attempt dir."""
+
+
+def wrapper_argv(req: LaunchRequest) -> list[str]:
+    """The wrapper's command line in ``file`` mode (output only to output.log)."""
+    return ["sh", str(WRAPPER), str(req.attempt_dir), "file"]

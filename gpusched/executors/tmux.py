@@ -1,166 +1,371 @@
-"""Attempts in tmux panes on a private, per-user tmux server.
+"""Attempts in tmux panes on a private, per-user tmux server (``Home.tmux_socket``).
 
-One session per suite, one window per job (named after the job, so ``attach`` lands on
-it), ``remain-on-exit`` so a finished pane still shows its last lines. Windows carry the
-attempt token in a user option (``@gpusched_token``); a restarted daemon lists them with
-one ``list-panes`` call. The pane's process is the wrapper, which leads the pane's
-process group, so cancel signals the whole job.
+One session per suite, one window per job, named after the job, so ``gpusched attach``
+lands on it; ``remain-on-exit`` keeps a finished pane (and its last lines) on screen. The
+pane's process is the wrapper itself (tmux execs a multi-word command without a shell), and
+tmux makes it the leader of a new session and process group, so cancelling signals the whole
+job. The pane carries its attempt's token and job id in user options, so a restarted daemon
+lists every attempt with one ``list-panes`` call.
+
+Launching costs one tmux exec in the steady state: ``new-window`` (or ``new-session`` for a
+suite's first job), the tagging and, on a relaunch, closing the job's previous window are
+chained with ``;`` in one argv. The builders (:func:`launch_argv` and friends) are pure; all
+tmux calls go through :meth:`TmuxExecutor._tmux`, which goes through :func:`gpusched.proc.run`
+(one choke point, with a timeout, unlike ``libtmux.Server.cmd``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import signal
-from dataclasses import dataclass, field
-from typing import Any
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gpusched import proc
 from gpusched.errors import CommandFailed, ExecutorError
 from gpusched.executors import WRAPPER, Handle, LaunchRequest
 from gpusched.home import Home
 
-_CONF = """# written by gpusched: its private tmux server (the user's own tmux is untouched)
+if TYPE_CHECKING:
+    from subprocess import CompletedProcess
+
+    import libtmux
+
+log = logging.getLogger(__name__)
+
+#: The server's configuration, read once when the server starts. Not ~/.tmux.conf: a user's
+#: hooks or options must not change how jobs run. ``exit-empty`` stays on (the default):
+#: the server goes away once no session is left, and the next launch starts it again.
+CONF = """\
+# Written by gpusched for its private tmux server; your own tmux and ~/.tmux.conf are untouched.
+# Read when this server starts (it stops by itself once it holds no session).
 set -g remain-on-exit on
 set -g history-limit 20000
-set -g exit-empty off
-set -g default-terminal "tmux-256color"
 """
+
+#: Unix socket paths are limited to sizeof(sun_path) - 1 bytes.
+SOCKET_PATH_MAX = 107
+TIMEOUT_S = 30.0
+
 _SEP = "\t"
+_IDS = _SEP.join(["#{pane_id}", "#{window_id}", "#{session_id}", "#{pane_pid}"])
+_ROW = _SEP.join(
+    [
+        "#{@gpusched_token}",
+        "#{pane_id}",
+        "#{window_id}",
+        "#{session_id}",
+        "#{pane_pid}",
+        "#{pane_dead}",
+        "#{session_name}",
+        "#{window_name}",  # last: a window name may hold anything
+    ]
+)
+
+
+# ---------------------------------------------------------------------- pure builders
 
 
 def session_name(suite: str) -> str:
-    """tmux forbids '.' and ':' in session names."""
-    return suite.replace(".", "_").replace(":", "_")
+    """The tmux session of ``suite``: tmux forbids '.' and ':' there, so both become '_'
+    (the real name is kept in the session's ``@gpusched_suite`` option)."""
+    return suite.replace(".", "_").replace(":", "_") or "_"
 
 
-@dataclass
+def escape(arg: str) -> str:
+    """Protect one argument from tmux's argv parser, which takes a trailing ';' for a
+    command separator (``a;`` would become command ``a``): ``x;`` is passed as ``x\\;``."""
+    return arg[:-1] + "\\;" if arg.endswith(";") else arg
+
+
+def chain(*commands: Sequence[str]) -> list[str]:
+    """One tmux argv running ``commands`` in order (tmux stops at the first that fails)."""
+    argv: list[str] = []
+    for cmd in commands:
+        if argv:
+            argv.append(";")
+        argv += [escape(a) for a in cmd]
+    return argv
+
+
+def pane_env(req: LaunchRequest) -> dict[str, str]:
+    """Variables given to the pane with ``-e``: ``GPUSCHED_JOB_ID`` (unless ``req.env`` sets
+    it; the wrapper names the job with it), ``req.env``, and ``GPUSCHED_TOKEN`` last."""
+    return {"GPUSCHED_JOB_ID": req.job_id, **req.env, "GPUSCHED_TOKEN": req.token}
+
+
+def window_args(req: LaunchRequest) -> list[str]:
+    """Arguments shared by new-window and new-session: name, cwd, env, print the ids, and
+    the wrapper as a multi-word command (exec'd directly, no shell in between)."""
+    args = ["-n", req.job_name, "-c", str(req.workdir)]
+    for key, value in pane_env(req).items():
+        args += ["-e", f"{key}={value}"]
+    return [*args, "-P", "-F", _IDS, "--", "sh", str(WRAPPER), str(req.attempt_dir), "tee"]
+
+
+def launch_argv(req: LaunchRequest, *, new_session: bool, replaces: str | None = None) -> list[str]:
+    """The tmux arguments (after ``-S SOCKET``) that start ``req``'s wrapper in one exec.
+
+    The window is created detached (``-d``: an attached user's view does not jump) after the
+    session's last window (``-a``), so ``{end}`` names it in the commands that follow. Its
+    pane is tagged with ``@gpusched_token`` and ``@gpusched_job``; ``replaces`` (the job's
+    previous window, if any) is closed last, so the session never empties on the way.
+    """
+    sess = session_name(req.suite)
+    end = f"={sess}:{{end}}"
+    if new_session:
+        create = [["new-session", "-d", "-s", sess, *window_args(req)]]
+        # a bare "=NAME" is not a session target for set-option; "=NAME:" is
+        create.append(["set-option", "-t", f"={sess}:", "@gpusched_suite", req.suite])
+    else:
+        create = [["new-window", "-d", "-a", "-t", end, *window_args(req)]]
+    tag = [
+        ["set-option", "-p", "-t", end, "@gpusched_token", req.token],
+        ["set-option", "-p", "-t", end, "@gpusched_job", req.job_id],
+    ]
+    close = [["kill-window", "-t", replaces]] if replaces else []
+    return chain(*create, *tag, *close)
+
+
+def attach_args(handle: Handle) -> list[str]:
+    """tmux arguments that attach to the attempt's session and show its window."""
+    return ["attach-session", "-t", handle["session"], ";", "select-window", "-t", handle["window"]]
+
+
+@dataclass(frozen=True)
+class PaneRow:
+    """One line of ``list-panes -a -F _ROW``."""
+
+    token: str
+    pane: str
+    window: str
+    session: str
+    pid: int
+    dead: bool
+    session_name: str
+    window_name: str
+
+    @classmethod
+    def parse(cls, line: str) -> PaneRow | None:
+        parts = line.split(_SEP, 7)
+        if len(parts) != 8 or not parts[4].isdigit():
+            return None
+        token, pane, window, session, pid, dead, sname, wname = parts
+        return cls(token, pane, window, session, int(pid), dead == "1", sname, wname)
+
+    def handle(self) -> Handle:
+        started = None if self.dead else proc.started_at(self.pid)
+        return {
+            "pane": self.pane,
+            "window": self.window,
+            "session": self.session,
+            "pid": self.pid,
+            "pid_started_at": started,
+            "dead": self.dead or started is None,
+        }
+
+
+def parse_ids(stdout: str) -> tuple[str, str, str, int] | None:
+    """(pane, window, session, pid) from the ``-P -F _IDS`` line; None when tmux printed none."""
+    for line in stdout.splitlines():
+        parts = line.split(_SEP)
+        if len(parts) == 4 and parts[0].startswith("%") and parts[3].isdigit():
+            return parts[0], parts[1], parts[2], int(parts[3])
+    return None
+
+
+def _no_server(stderr: str) -> bool:
+    return "no server running" in stderr or "error connecting to" in stderr
+
+
+# ---------------------------------------------------------------------- the executor
+
+
 class TmuxExecutor:
-    home: Home
-    name: str = "tmux"
-    _sessions: set[str] = field(default_factory=set)
-    _server: Any = None
+    """The :class:`~gpusched.executors.Executor` that runs each attempt in a tmux pane.
 
-    # ------------------------------------------------------------------ plumbing
+    Handle: ``{"pane": "%N", "window": "@N", "session": "$N", "pid": wrapper pid (the pane's
+    process and its group leader), "pid_started_at": its start time}``; :meth:`discover` adds
+    ``"dead"``. :meth:`alive` and :meth:`terminate` need no tmux call.
+    """
+
+    name = "tmux"
+
+    def __init__(self, home: Home) -> None:
+        self.home = home
+        self._bin = shutil.which("tmux") or "tmux"
+        self._prepared = False
+        # What this executor knows of the server, read with one list-panes call at the first
+        # launch and again when it proves stale: the sessions, our windows by (session, name).
+        self._known = False
+        self._sessions: set[str] = set()
+        self._windows: dict[tuple[str, str], str] = {}
 
     @property
     def socket(self) -> str:
         return str(self.home.tmux_socket)
 
-    def _tmux(self, *args: str, check: bool = True) -> str:
-        """One tmux invocation through libtmux (which runs the tmux binary with our socket)."""
-        if self._server is None:
-            import libtmux
-
-            self._server = libtmux.Server(socket_path=self.socket, config_file=str(self.home.tmux_conf))
-        try:
-            r = self._server.cmd(*args)
-        except Exception as e:  # libtmux.exc.TmuxCommandNotFound and friends
-            raise ExecutorError(f"tmux failed to run: {e}; is tmux installed?") from e
-        if check and r.returncode != 0:
-            raise CommandFailed(["tmux", *args], r.returncode, "\n".join(r.stderr))
-        return "\n".join(r.stdout)
-
-    def _ensure_conf(self) -> None:
-        if not self.home.tmux_conf.exists():
-            self.home.ensure()
-            self.home.tmux_conf.write_text(_CONF)
-
-    def _session_exists(self, name: str) -> bool:
-        if name in self._sessions:
-            return True
-        try:
-            self._tmux("has-session", "-t", f"={name}")
-        except (CommandFailed, ExecutorError):
-            return False
-        self._sessions.add(name)
-        return True
-
     # ------------------------------------------------------------------ protocol
 
     def launch(self, req: LaunchRequest) -> Handle:
-        """One tmux invocation: create the window (or the suite's session), tag it, print ids."""
-        self._ensure_conf()
+        """Start ``req``'s wrapper in a new window of its suite's session (created, and the
+        server started, when missing). A window of ours with the same job name in that
+        session (an older attempt's pane) is closed: the caller relaunches a job only after
+        reaping its previous attempt. One tmux exec unless what we knew of the server was
+        stale. Raises :class:`CommandFailed` when tmux refuses."""
+        self._prepare()
+        if not self._known:
+            self._refresh()
         sess = session_name(req.suite)
-        env_args: list[str] = []
-        for k, v in {**req.env, "GPUSCHED_TOKEN": req.token}.items():
-            env_args += ["-e", f"{k}={v}"]
-        cmd = f"exec sh {_q(str(WRAPPER))} {_q(str(req.attempt_dir))} tee"
-        fmt = _SEP.join(["#{pane_id}", "#{window_id}", "#{session_id}", "#{pane_pid}"])
-        exists = self._session_exists(sess)
-        if exists:
-            self._kill_old_window(sess, req.job_name)
-            create = ["new-window", "-d", "-P", "-F", fmt, "-t", f"={sess}:", "-n", req.job_name,
-                      "-c", str(req.workdir), *env_args, cmd]
-        else:
-            create = ["new-session", "-d", "-P", "-F", fmt, "-s", sess, "-n", req.job_name,
-                      "-x", "200", "-y", "50", "-c", str(req.workdir), *env_args, cmd]
-        out = self._tmux(*create)
-        pane, window, session, pid = out.strip().split(_SEP)
+        for fresh in (False, True):
+            new_session = sess not in self._sessions
+            replaces = self._windows.get((sess, req.job_name))
+            r = self._tmux(launch_argv(req, new_session=new_session, replaces=replaces), check=False)
+            ids = parse_ids(r.stdout)
+            if ids is not None or fresh:
+                break
+            self._refresh()  # what we knew was stale: the session (or the server) went away
+        if ids is None:
+            raise CommandFailed(r.args, r.returncode, r.stderr)
+        if r.returncode != 0:  # created, but a later command failed (e.g. the old window was gone)
+            log.log(logging.DEBUG if replaces else logging.WARNING, "tmux after launch: %s", r.stderr.strip())
+        pane, window, session, pid = ids
         self._sessions.add(sess)
-        if not exists:
-            os.chmod(self.socket, 0o600)
-        # tag after creation; the wrapper's pid file is the fallback if we die in between
-        self._tmux("set-option", "-w", "-t", window, "@gpusched_token", req.token, ";",
-                   "set-option", "-w", "-t", window, "@gpusched_job", req.job_id, ";",
-                   "set-option", "-w", "-t", window, "automatic-rename", "off")
-        return {"pane": pane, "window": window, "session": session, "pid": int(pid),
-                "pid_started_at": proc.started_at(int(pid))}
-
-    def _kill_old_window(self, sess: str, job_name: str) -> None:
-        """An older attempt's dead pane: close it, so `attach` lands on the current one."""
-        out = self._tmux("list-windows", "-t", f"={sess}", "-F", "#{window_id}" + _SEP + "#{window_name}",
-                         check=False)
-        for line in out.splitlines():
-            wid, _, wname = line.partition(_SEP)
-            if wname == job_name:
-                self._tmux("kill-window", "-t", wid, check=False)
+        self._windows[(sess, req.job_name)] = window
+        if new_session:
+            self._make_socket_private()
+        return {
+            "pane": pane,
+            "window": window,
+            "session": session,
+            "pid": pid,
+            "pid_started_at": proc.started_at(pid, zombies=True),
+        }
 
     def alive(self, handle: Handle) -> bool:
-        # no tmux call: the pane's process is the wrapper; when it exits the pane is dead
-        return proc.is_alive(handle.get("pid"), handle.get("pid_started_at"))
+        """True while the wrapper runs, or anything it left in its process group. No tmux
+        call: the pane's process is the wrapper; one /proc read."""
+        return proc.group_alive(handle.get("pid"), handle.get("pid_started_at"))
 
     def terminate(self, handle: Handle, *, force: bool = False) -> None:
+        """SIGTERM (SIGKILL when ``force``) the pane's process group; nothing when it is gone.
+        The pane stays (remain-on-exit) with the wrapper's last line."""
         pid = handle.get("pid")
-        if pid and proc.is_alive(pid, handle.get("pid_started_at")):
-            proc.signal_group(int(pid), signal.SIGKILL if force else signal.SIGTERM)
+        if pid is not None and proc.group_alive(pid, handle.get("pid_started_at")):
+            proc.signal_group(pid, signal.SIGKILL if force else signal.SIGTERM)
 
     def discover(self) -> dict[str, Handle]:
-        if not self.home.tmux_socket.exists():
-            return {}
-        fmt = _SEP.join(["#{@gpusched_token}", "#{pane_id}", "#{window_id}", "#{session_id}", "#{pane_pid}",
-                         "#{pane_dead}"])
-        try:
-            out = self._tmux("list-panes", "-a", "-F", fmt)
-        except (CommandFailed, ExecutorError):  # no server: nothing to adopt
-            return {}
+        """token -> handle of every tagged pane on the server, dead ones included (flagged
+        ``"dead": True``). One tmux exec; {} when no server runs."""
+        rows = self._refresh()
         found: dict[str, Handle] = {}
-        for line in out.splitlines():
-            token, pane, window, session, pid, dead = (line.split(_SEP) + [""] * 6)[:6]
-            if token:
-                found[token] = {"pane": pane, "window": window, "session": session, "pid": int(pid or 0),
-                                "pid_started_at": proc.started_at(int(pid or 0)) if pid else None,
-                                "dead": dead == "1"}
+        for row in rows:
+            if row.token and row.token not in found:
+                found[row.token] = row.handle()
         return found
 
     def release(self, handle: Handle) -> None:
-        if handle.get("window"):
-            self._tmux("kill-window", "-t", handle["window"], check=False)
+        """Close the attempt's window (and whatever still runs in it). Idempotent."""
+        window = handle.get("window")
+        if not window:
+            return
+        r = self._tmux(["kill-window", "-t", window], check=False)
+        if r.returncode != 0:
+            log.debug("tmux kill-window %s: %s", window, r.stderr.strip())
+        for key, wid in list(self._windows.items()):
+            if wid == window:
+                del self._windows[key]
 
-    # ------------------------------------------------------------------ for the CLI
+    # ------------------------------------------------------------------ for the CLI and views
 
     def attach_argv(self, handle: Handle) -> list[str]:
-        """argv that attaches the user's terminal to the attempt's window."""
-        return ["tmux", "-S", self.socket, "attach-session", "-t", handle["session"], ";",
-                "select-window", "-t", handle["window"]]
+        """argv that attaches the calling terminal to the attempt's window. Run it with
+        ``TMUX`` removed from the environment (see :func:`attach_env`): from inside another
+        tmux, tmux refuses to nest unless it is unset."""
+        return [self._bin, "-S", self.socket, *attach_args(handle)]
 
     def capture(self, handle: Handle, *, lines: int = 20) -> str:
-        try:
-            return self._tmux("capture-pane", "-p", "-t", handle["pane"], "-S", f"-{lines}")
-        except (CommandFailed, ExecutorError):
+        """The pane's last ``lines`` non-blank lines, scrollback included and wrapped lines
+        joined (a screen is mostly blank rows, and a dead pane's "Pane is dead" sits on the
+        bottom one); '' when the pane or the server is gone."""
+        r = self._tmux(["capture-pane", "-p", "-J", "-t", handle["pane"], "-S", f"-{lines}"], check=False)
+        if r.returncode != 0:
             return ""
+        shown = [line.rstrip() for line in r.stdout.splitlines()]
+        return "\n".join([line for line in shown if line][-lines:])
+
+    def server(self) -> libtmux.Server:
+        """A libtmux view of the same private server (for interactive use and tests; the
+        executor itself never needs one)."""
+        import libtmux
+
+        return libtmux.Server(socket_path=self.socket, config_file=str(self.home.tmux_conf))
+
+    # ------------------------------------------------------------------ the one side-effecting edge
+
+    def _tmux(self, args: Sequence[str], *, check: bool = True) -> CompletedProcess[str]:
+        cmd = [self._bin, "-S", self.socket, "-f", str(self.home.tmux_conf), *args]
+        try:
+            return proc.run(cmd, check=check, timeout=TIMEOUT_S)
+        except CommandFailed as e:
+            if e.returncode == 127:
+                raise ExecutorError(
+                    "tmux is not on PATH: install it (apt-get install tmux) or use --backend subprocess"
+                ) from e
+            raise
+
+    def _refresh(self) -> list[PaneRow]:
+        """Re-read sessions and our windows from the server (one exec; none without a socket)."""
+        rows: list[PaneRow] = []
+        if os.path.exists(self.socket):
+            r = self._tmux(["list-panes", "-a", "-F", _ROW], check=False)
+            if r.returncode != 0 and not _no_server(r.stderr):
+                raise CommandFailed([self._bin, "list-panes", "-a"], r.returncode, r.stderr)
+            rows = [row for line in r.stdout.splitlines() if (row := PaneRow.parse(line))]
+        self._sessions = {row.session_name for row in rows}
+        self._windows = {(row.session_name, row.window_name): row.window for row in rows if row.token}
+        self._known = True
+        return rows
+
+    def _prepare(self) -> None:
+        """Once per executor: the private home dir, a short enough socket path, the conf."""
+        if self._prepared:
+            return
+        self.home.ensure()
+        if len(os.fsencode(self.socket)) > SOCKET_PATH_MAX:
+            raise ExecutorError(
+                f"tmux socket path {self.socket} is longer than {SOCKET_PATH_MAX} bytes, the limit "
+                "of a Unix socket: set GPUSCHED_HOME to a shorter directory"
+            )
+        conf = self.home.tmux_conf
+        try:
+            current = conf.read_text()
+        except OSError:
+            current = None
+        if current != CONF:
+            tmp = conf.with_name(conf.name + ".tmp")
+            tmp.write_text(CONF)
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, conf)
+        self._prepared = True
+
+    def _make_socket_private(self) -> None:
+        """tmux creates its socket group-writable under some umasks: make it 0600 (tmux
+        itself toggles only the execute bits, to mark attached clients)."""
+        try:
+            mode = os.stat(self.socket).st_mode
+            if stat.S_IMODE(mode) & 0o077:
+                os.chmod(self.socket, stat.S_IMODE(mode) & 0o700)
+        except OSError as e:
+            log.warning("cannot make %s private: %s", self.socket, e)
 
 
-def _q(s: str) -> str:
-    import shlex
-
-    return shlex.quote(s)
+def attach_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """``environ`` (default: this process's) without ``TMUX``, for :meth:`TmuxExecutor.attach_argv`."""
+    env = dict(os.environ if environ is None else environ)
+    env.pop("TMUX", None)
+    return env

@@ -1,0 +1,496 @@
+"""One contract, two real executors: every test in the first part runs against both the tmux
+executor (a real tmux server on a private socket, killed at teardown) and the detached
+subprocess executor, with real wrappers (gpusched/wrap.sh) and real processes. The second
+part holds what only tmux promises (panes, windows, the socket), then the pure builders.
+
+Jobs that must keep running wait for a file to appear (the "gate"), never for time; the
+tests poll with ``retry_until`` and never sleep a fixed amount.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from gpusched import proc
+from gpusched.attempt import AttemptPaths
+from gpusched.executors import WRAPPER, Executor, Handle, LaunchRequest
+from gpusched.executors.subprocess import SubprocessExecutor
+from gpusched.executors.tmux import (
+    TmuxExecutor,
+    attach_env,
+    escape,
+    launch_argv,
+    parse_ids,
+    session_name,
+)
+from gpusched.home import Home
+from tests.helpers import retry_until
+
+HAVE_TMUX = shutil.which("tmux") is not None
+needs_tmux = pytest.mark.skipif(not HAVE_TMUX, reason="tmux is not installed")
+BACKENDS = ["subprocess", pytest.param("tmux", marks=needs_tmux)]
+
+# Job scripts (the attempt's launch.sh); @DIR@ becomes the attempt directory.
+EXIT3 = "echo hi\nexit 3\n"
+GATED = 'echo started > "@DIR@/started"\nwhile [ ! -e "@DIR@/gate" ]; do sleep 0.02; done\necho done\n'
+WITH_CHILD = (
+    'sh -c \'echo $$ > "$0/child.pid"; while [ ! -e "$0/gate" ]; do sleep 0.02; done\' "@DIR@" &\n'
+    'while [ ! -e "@DIR@/child.pid" ]; do sleep 0.02; done\n'
+    "wait\n"
+)
+# (and SIGHUP: the pty's hangup reaches a tmux pane's group once the wrapper, its session
+# leader, has exited)
+CHILD_IGNORES_TERM = (
+    'sh -c \'trap "" TERM HUP; echo $$ > "$0/child.pid"; '
+    'while [ ! -e "$0/gate" ]; do sleep 0.02; done\' "@DIR@" &\n'
+    'while [ ! -e "@DIR@/child.pid" ]; do sleep 0.02; done\n'
+    "wait\n"
+)
+
+
+@dataclass
+class Bench:
+    """One executor under test, its private home, and every attempt it launched."""
+
+    kind: str
+    home: Home
+    root: Path
+    make: Callable[[], Executor]
+    ex: Executor
+    handles: list[Handle] = field(default_factory=list)
+    n: int = 0
+
+    def request(
+        self,
+        script: str,
+        *,
+        suite: str = "s1",
+        job_name: str | None = None,
+        token: str | None = None,
+        env: dict[str, str] | None = None,
+        workdir: Path | None = None,
+    ) -> tuple[LaunchRequest, AttemptPaths]:
+        self.n += 1
+        name = job_name or f"job{self.n}"
+        paths = AttemptPaths(self.root / "logs" / f"{self.n}" / name / "1-A")
+        paths.dir.mkdir(parents=True)
+        paths.launch.write_text(script.replace("@DIR@", str(paths.dir)))
+        req = LaunchRequest(
+            job_id=f"{suite}/{name}",
+            suite=suite,
+            job_name=name,
+            token=token or f"tok{self.n}",
+            attempt_dir=paths.dir,
+            workdir=workdir or self.root,
+            env=env or {},
+        )
+        return req, paths
+
+    def launch(self, script: str, **kw: object) -> tuple[Handle, AttemptPaths, LaunchRequest]:
+        req, paths = self.request(script, **kw)  # type: ignore[arg-type]
+        handle = self.ex.launch(req)
+        self.handles.append(handle)
+        return handle, paths, req
+
+    @property
+    def tx(self) -> TmuxExecutor:
+        assert isinstance(self.ex, TmuxExecutor)
+        return self.ex
+
+    def tmux(self, *args: str) -> str:
+        return proc.run(["tmux", "-S", str(self.home.tmux_socket), *args]).stdout
+
+
+def _make(kind: str, home: Home) -> Callable[[], Executor]:
+    if kind == "tmux":
+        return lambda: TmuxExecutor(home)
+    return lambda: SubprocessExecutor(home)
+
+
+@pytest.fixture(params=BACKENDS)
+def bench(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
+    # a short root: a tmux socket path may not exceed 107 bytes
+    root = tmp_path_factory.mktemp("ex")
+    home = Home(root / "home")
+    make = _make(request.param, home)
+    b = Bench(kind=request.param, home=home, root=root, make=make, ex=make())
+    yield b
+    for h in b.handles:
+        b.ex.terminate(h, force=True)
+    if request.param == "tmux":
+        proc.run(["tmux", "-S", str(home.tmux_socket), "kill-server"], check=False)
+
+
+@pytest.fixture
+def tmux_bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
+    if not HAVE_TMUX:
+        pytest.skip("tmux is not installed")
+    root = tmp_path_factory.mktemp("tx")
+    home = Home(root / "home")
+    make = _make("tmux", home)
+    b = Bench(kind="tmux", home=home, root=root, make=make, ex=make())
+    yield b
+    for h in b.handles:
+        b.ex.terminate(h, force=True)
+    proc.run(["tmux", "-S", str(home.tmux_socket), "kill-server"], check=False)
+
+
+def exited(paths: AttemptPaths) -> dict[str, object]:
+    """exit.json once the wrapper has written it (polled)."""
+    retry_until(paths.exit.exists)
+    return json.loads(paths.exit.read_text())
+
+
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def child_pid(paths: AttemptPaths) -> int:
+    """The pid the job's background child wrote, once it has written it."""
+    f = paths.dir / "child.pid"
+    return int(retry_until(lambda: f.exists() and f.read_text().strip()))
+
+
+# ====================================================================== the shared contract
+
+
+def test_exit_code_output_and_pid_file(bench: Bench) -> None:
+    h, paths, _ = bench.launch(EXIT3)
+    rec = exited(paths)
+    assert rec["exit_code"] == 3 and rec["signal"] is None
+    assert "hi" in paths.output.read_text()
+    pid = paths.read_pid()
+    assert pid is not None and pid[0] == h["pid"]  # the handle names the wrapper itself
+    assert abs(pid[1] - h["pid_started_at"]) < proc.SAME_START_S
+    retry_until(lambda: not bench.ex.alive(h))
+
+
+def test_alive_while_running_false_after(bench: Bench) -> None:
+    h, paths, _ = bench.launch(GATED)
+    retry_until((paths.dir / "started").exists)
+    assert bench.ex.alive(h)
+    (paths.dir / "gate").touch()
+    assert exited(paths)["exit_code"] == 0
+    retry_until(lambda: not bench.ex.alive(h))
+    assert "done" in paths.output.read_text()
+
+
+def test_terminate_stops_the_whole_group_and_records_signal_15(bench: Bench) -> None:
+    h, paths, _ = bench.launch(WITH_CHILD)
+    child = child_pid(paths)
+    assert running(child)
+    bench.ex.terminate(h)
+    assert exited(paths)["signal"] == 15
+    retry_until(lambda: not running(child))
+    retry_until(lambda: not bench.ex.alive(h))
+
+
+def test_force_kills_a_child_that_ignores_sigterm(bench: Bench) -> None:
+    h, paths, _ = bench.launch(CHILD_IGNORES_TERM)
+    child = child_pid(paths)
+    bench.ex.terminate(h)
+    assert exited(paths)["signal"] == 15  # the wrapper and the job's shell are gone...
+    retry_until(lambda: not proc.is_alive(h["pid"], h["pid_started_at"]))
+    assert running(child)  # ...but the child ignored SIGTERM and still holds the group
+    assert bench.ex.alive(h)
+    bench.ex.terminate(h, force=True)
+    retry_until(lambda: not running(child))
+    retry_until(lambda: not bench.ex.alive(h))
+
+
+def test_job_outlives_its_executor_and_is_rediscovered(bench: Bench) -> None:
+    h, paths, req = bench.launch(GATED)
+    retry_until((paths.dir / "started").exists)
+    bench.ex = bench.make()  # the daemon restarted: a new executor that launched nothing
+    found = bench.ex.discover()
+    assert req.token in found
+    again = found[req.token]
+    assert again["pid"] == h["pid"] and bench.ex.alive(again)
+    assert not again.get("dead", False)
+    (paths.dir / "gate").touch()
+    assert exited(paths)["exit_code"] == 0
+    retry_until(lambda: not bench.ex.alive(again))
+    after = bench.ex.discover()
+    assert req.token not in after or after[req.token]["dead"]  # tmux keeps the dead pane
+
+
+def test_discover_sees_only_its_own_home(bench: Bench, tmp_path_factory: pytest.TempPathFactory) -> None:
+    _, paths, req = bench.launch(GATED)
+    retry_until((paths.dir / "started").exists)
+    other = _make(bench.kind, Home(tmp_path_factory.mktemp("other") / "home"))()
+    assert req.token not in other.discover()
+    assert req.token in bench.ex.discover()
+    (paths.dir / "gate").touch()
+
+
+def test_env_reaches_the_job(bench: Bench) -> None:
+    odd = "a b;$HOME 'q' \"dq\" {x}"
+    script = 'printf "var=%s|semi=%s|token=%s\\n" "$GS_TEST_VAR" "$GS_SEMI" "$GPUSCHED_TOKEN"\n'
+    _, paths, req = bench.launch(script, env={"GS_TEST_VAR": odd, "GS_SEMI": "x;"})
+    assert exited(paths)["exit_code"] == 0
+    assert f"var={odd}|semi=x;|token={req.token}" in paths.output.read_text()
+
+
+def test_workdir_is_respected(bench: Bench) -> None:
+    wd = bench.root / "work dir"
+    wd.mkdir()
+    _, paths, _ = bench.launch("pwd -P\n", workdir=wd)
+    assert exited(paths)["exit_code"] == 0
+    assert str(wd.resolve()) in paths.output.read_text().splitlines()
+
+
+def test_odd_but_legal_names(bench: Bench) -> None:
+    odd = "a.b+c=d-1"
+    _, paths, _ = bench.launch(GATED, suite="x.y:z", job_name=odd, token=odd)
+    retry_until((paths.dir / "started").exists)
+    assert odd in bench.ex.discover()
+    (paths.dir / "gate").touch()
+    assert exited(paths)["exit_code"] == 0
+
+
+def test_wake_fifo_gets_a_byte(bench: Bench) -> None:
+    fifo = bench.root / "wake"
+    os.mkfifo(fifo)
+    # hold a reader open throughout: a FIFO's bytes live only while someone has it open
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        _, paths, _ = bench.launch(EXIT3, env={"GPUSCHED_WAKE": str(fifo)})
+        exited(paths)
+
+        def poked() -> bytes:
+            try:
+                return os.read(fd, 16)
+            except BlockingIOError:
+                return b""
+
+        assert retry_until(poked) == b"x"
+    finally:
+        os.close(fd)
+
+
+def test_terminate_and_release_are_idempotent(bench: Bench) -> None:
+    h, paths, _ = bench.launch(EXIT3)
+    exited(paths)
+    retry_until(lambda: not bench.ex.alive(h))
+    for _ in range(2):
+        bench.ex.terminate(h)
+        bench.ex.terminate(h, force=True)
+        bench.ex.release(h)
+    assert not bench.ex.alive(h)
+
+
+# ====================================================================== tmux only
+
+
+def test_pane_process_is_the_wrapper_and_leads_its_group(tmux_bench: Bench) -> None:
+    h, paths, _ = tmux_bench.launch(GATED)
+    retry_until((paths.dir / "started").exists)
+    pid = paths.read_pid()
+    assert pid is not None and pid[0] == h["pid"]
+    assert os.getpgid(h["pid"]) == h["pid"] == os.getsid(h["pid"])
+    assert psutil.Process(h["pid"]).cmdline()[:2] == ["sh", str(WRAPPER)]
+    (paths.dir / "gate").touch()
+
+
+def test_dead_pane_stays_with_the_exit_line(tmux_bench: Bench) -> None:
+    h, paths, req = tmux_bench.launch(EXIT3)
+    exited(paths)
+    line = f"[gpusched] {req.job_id} exited: code=3 signal=null"
+    retry_until(lambda: line in tmux_bench.tx.capture(h))
+    assert "hi" in tmux_bench.tx.capture(h, lines=50)
+    found = retry_until(lambda: (d := tmux_bench.ex.discover()) and d[req.token]["dead"] and d)
+    assert found[req.token]["pane"] == h["pane"]
+
+
+def test_terminated_pane_says_signal_15(tmux_bench: Bench) -> None:
+    h, paths, _ = tmux_bench.launch(GATED)
+    retry_until((paths.dir / "started").exists)
+    tmux_bench.ex.terminate(h)
+    assert exited(paths)["signal"] == 15
+    retry_until(lambda: "signal=15" in tmux_bench.tx.capture(h))
+
+
+def test_relaunch_replaces_the_jobs_window(tmux_bench: Bench) -> None:
+    b = tmux_bench
+    _, p1, _ = b.launch(EXIT3, job_name="j", token="t1")
+    b.launch("true\n", job_name="other", token="t0")
+    exited(p1)
+    _, p2, _ = b.launch(EXIT3, job_name="j", token="t2")  # same executor: it knows the old window
+    exited(p2)
+    b.ex = b.make()  # a restarted daemon learns the windows from the server
+    h3, p3, _ = b.launch(EXIT3, job_name="j", token="t3")
+    exited(p3)
+    windows = b.tmux("list-windows", "-t", "=s1", "-F", "#{window_id} #{window_name}").split("\n")
+    assert f"{h3['window']} j" in windows
+    assert [w for w in windows if w.endswith(" j")] == [f"{h3['window']} j"]
+    found = b.ex.discover()
+    assert "t3" in found and "t0" in found and "t1" not in found and "t2" not in found
+
+
+def test_launch_is_one_tmux_exec(tmux_bench: Bench, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[list[str]] = []
+    real = proc.run
+
+    def counting(cmd: list[str], **kw: Any) -> Any:
+        calls.append(list(cmd))
+        return real(cmd, **kw)
+
+    monkeypatch.setattr(proc, "run", counting)
+    b = tmux_bench
+    b.launch(EXIT3, job_name="a")  # starts the server and the session
+    b.launch(EXIT3, job_name="b")  # new window
+    b.launch(EXIT3, job_name="a")  # relaunch: replaces a's window in the same exec
+    b.launch(EXIT3, suite="s2", job_name="a")  # another suite: new session
+    assert len(calls) == 4, calls
+
+
+def test_launch_survives_a_session_killed_behind_its_back(tmux_bench: Bench) -> None:
+    b = tmux_bench
+    _, p1, _ = b.launch(EXIT3)
+    exited(p1)
+    b.tmux("kill-session", "-t", "=s1")
+    b.launch(EXIT3, suite="keep")  # keeps the server up
+    _, p2, req = b.launch(EXIT3)
+    assert exited(p2)["exit_code"] == 3
+    assert req.token in b.ex.discover()
+
+
+def test_socket_and_conf_are_private(tmux_bench: Bench) -> None:
+    tmux_bench.launch(EXIT3)
+    st = os.stat(tmux_bench.home.tmux_socket)
+    assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) & 0o077 == 0
+    assert stat.S_IMODE(os.stat(tmux_bench.home.root).st_mode) == 0o700
+    assert "set -g remain-on-exit on" in tmux_bench.home.tmux_conf.read_text()
+    assert tmux_bench.tmux("show-options", "-gv", "remain-on-exit").strip() == "on"
+    assert tmux_bench.tmux("show-options", "-gv", "history-limit").strip() == "20000"
+
+
+def test_windows_are_tagged_and_named(tmux_bench: Bench) -> None:
+    odd = "a.b+c=d-1"
+    h, paths, _ = tmux_bench.launch(GATED, suite="x.y:z", job_name=odd, token=odd)
+    retry_until((paths.dir / "started").exists)
+    fmt = "#{session_name}|#{window_name}|#{@gpusched_token}|#{@gpusched_job}|#{@gpusched_suite}"
+    shown = tmux_bench.tmux("display-message", "-p", "-t", h["pane"], fmt).strip()
+    assert shown == f"x_y_z|{odd}|{odd}|x.y:z/{odd}|x.y:z"
+    # a pane the user splits off the job's window is not the attempt
+    tmux_bench.tmux("split-window", "-d", "-t", h["window"], "sleep 30")
+    assert tmux_bench.ex.discover()[odd]["pane"] == h["pane"]
+    # libtmux sees the same server
+    session = tmux_bench.tx.server().sessions.get(session_name="x_y_z")
+    window = session.windows.get(window_id=h["window"]) if session is not None else None
+    assert window is not None and window.window_name == odd
+    (paths.dir / "gate").touch()
+
+
+def test_release_closes_the_window(tmux_bench: Bench) -> None:
+    h, paths, req = tmux_bench.launch(EXIT3)
+    tmux_bench.launch("true\n", job_name="keep")
+    exited(paths)
+    tmux_bench.ex.release(h)
+    assert req.token not in tmux_bench.ex.discover()
+    assert h["window"] not in tmux_bench.tmux("list-windows", "-a", "-F", "#{window_id}").split()
+
+
+def test_attach_argv_names_the_session_and_window(tmux_bench: Bench) -> None:
+    h, _, _ = tmux_bench.launch(EXIT3)
+    argv = tmux_bench.tx.attach_argv(h)
+    sock = str(tmux_bench.home.tmux_socket)
+    attach = ["attach-session", "-t", h["session"], ";", "select-window", "-t", h["window"]]
+    assert argv[1:] == ["-S", sock, *attach]
+    assert os.path.basename(argv[0]) == "tmux"
+    shown = tmux_bench.tmux("display-message", "-p", "-t", h["window"], "#{session_id}").strip()
+    assert shown == h["session"]
+    assert "TMUX" not in attach_env({"TMUX": "/tmp/x,1,0", "PATH": "/bin"})
+
+
+def test_discover_without_a_server_is_empty(tmp_path_factory: pytest.TempPathFactory) -> None:
+    if not HAVE_TMUX:
+        pytest.skip("tmux is not installed")
+    home = Home(tmp_path_factory.mktemp("none") / "home")
+    assert TmuxExecutor(home).discover() == {}
+    home.ensure()
+    home.tmux_socket.touch()  # a stale socket file, no server behind it
+    assert TmuxExecutor(home).discover() == {}
+
+
+# ====================================================================== pure builders
+
+
+def test_session_names_avoid_what_tmux_forbids() -> None:
+    assert session_name("E1") == "E1"
+    assert session_name("a.b:c") == "a_b_c"
+    assert session_name("") == "_"
+
+
+def test_escape_keeps_a_trailing_semicolon_literal() -> None:
+    assert escape("a;") == "a\\;"
+    assert escape(";") == "\\;"
+    assert escape("a;b") == "a;b"
+    assert escape("\\;") == "\\\\;"
+
+
+def _req(**kw: object) -> LaunchRequest:
+    base: dict[str, object] = {
+        "job_id": "E1/j.1",
+        "suite": "E1",
+        "job_name": "j.1",
+        "token": "tk",
+        "attempt_dir": Path("/logs/j.1/1-A"),
+        "workdir": Path("/proj"),
+        "env": {"CUDA_VISIBLE_DEVICES": "0"},
+    }
+    return LaunchRequest(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_launch_argv_golden() -> None:
+    ids = "#{pane_id}\t#{window_id}\t#{session_id}\t#{pane_pid}"
+    env = ["-e", "GPUSCHED_JOB_ID=E1/j.1", "-e", "CUDA_VISIBLE_DEVICES=0", "-e", "GPUSCHED_TOKEN=tk"]
+    window = [
+        "-n",
+        "j.1",
+        "-c",
+        "/proj",
+        *env,
+        "-P",
+        "-F",
+        ids,
+        "--",
+        "sh",
+        str(WRAPPER),
+        "/logs/j.1/1-A",
+        "tee",
+    ]
+    tag = ["set-option", "-p", "-t", "=E1:{end}", "@gpusched_token", "tk", ";",
+           "set-option", "-p", "-t", "=E1:{end}", "@gpusched_job", "E1/j.1"]  # fmt: skip
+    assert launch_argv(_req(), new_session=False) == [
+        "new-window", "-d", "-a", "-t", "=E1:{end}", *window, ";", *tag,
+    ]  # fmt: skip
+    assert launch_argv(_req(), new_session=True, replaces="@7") == [
+        "new-session", "-d", "-s", "E1", *window, ";",
+        "set-option", "-t", "=E1:", "@gpusched_suite", "E1", ";", *tag, ";", "kill-window", "-t", "@7",
+    ]  # fmt: skip
+
+
+def test_launch_argv_escapes_every_argument() -> None:
+    argv = launch_argv(_req(job_name="x;", env={"V": "y;"}), new_session=False)
+    assert "x\\;" in argv and "V=y\\;" in argv
+    assert argv.count(";") == 2  # only the real separators
+
+
+def test_parse_ids() -> None:
+    assert parse_ids("%3\t@2\t$1\t4242\n") == ("%3", "@2", "$1", 4242)
+    assert parse_ids("") is None
+    assert parse_ids("can't find session\n") is None
