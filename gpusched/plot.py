@@ -254,7 +254,9 @@ def _title(rep: SuiteReport) -> str:
 
     from gpusched.report_render import duration, gpu_time
 
-    started = datetime.fromtimestamp(rep.start or 0.0).strftime("%Y-%m-%d %H:%M")
+    start = rep.start or 0.0
+    # a simulated night starts its clock at 0: no calendar date to show then
+    started = datetime.fromtimestamp(start).strftime("%Y-%m-%d %H:%M") if start > 1e9 else f"t={start:g} s"
     return (
         f"{rep.suite or 'suite'}: {len(rep.jobs)} jobs, {len(rep.attempts)} attempts, "
         f"wall {duration(rep.wall_s)} from {started}; "
