@@ -14,6 +14,8 @@ Rules, checked per job and per GPU in this order (the first that fails vetoes th
    vetoed when ``free - reserved - headroom_frac * total < predicted`` (no headroom term when
    the card's total is unknown). ``reserved`` is memory predicted for recently launched jobs
    that the card does not show yet.
+7. **held**: a card kept free for one waiting job (``held_for``, see ``memory.choose_holds``)
+   takes no other job, even one that would fit it.
 
 Among the GPUs left, the job takes the one with the most usable free memory
 (``free - reserved``; unknown sorts after known), then the fewest running jobs, then the
@@ -64,6 +66,7 @@ class GpuSlotView:
     free_mib: int | None = None
     total_mib: int | None = None
     reserved_mib: int = 0  # predicted-but-not-yet-visible memory of recently launched jobs
+    held_for: str | None = None  # kept free for this waiting job (it needs the memory when the card's jobs end)
 
     @property
     def usable_mib(self) -> int | None:
@@ -86,6 +89,7 @@ class Veto(enum.IntEnum):
     NEEDS_EMPTY = 4
     MIN_FREE = 5
     MEMORY = 6
+    HELD = 7
 
 
 # --------------------------------------------------------------------------- the decision
@@ -101,15 +105,34 @@ def assign(
     views = {g.index: g for g in sorted(gpus, key=lambda g: g.index)}
     placements: list[Placement] = []
     waits: list[Wait] = []
+    # A job that waits leaves the views as they were, so a later job the rules cannot tell
+    # from it waits for the same reason: a long queue costs one check per kind of job, not
+    # one per job, until the next placement changes the views.
+    held = {g.held_for for g in gpus if g.held_for is not None}
+    waited: dict[tuple[object, ...], str] = {}
     for job in sorted(queued, key=job_order):
+        key = _wait_key(job, held)
+        if key in waited:
+            waits.append(Wait(job_id=job.job_id, reason=waited[key]))
+            continue
         outcome = place_one(job, list(views.values()), headroom_frac)
         if isinstance(outcome, Wait):
             waits.append(outcome)
+            waited[key] = outcome.reason
             continue
         placements.append(outcome)
+        waited.clear()
         if outcome.gpu is not None:
             views[outcome.gpu] = occupy(views[outcome.gpu], job)
     return Decision(placements=tuple(placements), waits=tuple(waits))
+
+
+def _wait_key(job: QueuedJob, held: set[str]) -> tuple[object, ...]:
+    """All that the rules and the wait reason read of a job that cannot be placed (its
+    ``avoid_gpu`` only matters once a GPU fits). ``tiers`` by identity: the jobs of one
+    suite share one ladder, and every ladder outlives the call."""
+    return (id(job.tiers), job.tier, tuple(job.allowed.items()), job.predicted_mib,
+            job.job_id if job.job_id in held else None)
 
 
 def job_order(job: QueuedJob) -> tuple[int, bool, int, int]:
@@ -132,7 +155,12 @@ def place_one(job: QueuedJob, views: Sequence[GpuSlotView], headroom_frac: float
 def veto(job: QueuedJob, gpu: GpuSlotView, headroom_frac: float) -> Veto | None:
     """The first rule ``gpu`` breaks for ``job``, or ``None`` when it may take the job."""
     slot = _slot_veto(job, gpu)
-    return slot if slot is not None else _memory_veto(job, gpu, headroom_frac)
+    if slot is not None:
+        return slot
+    memory = _memory_veto(job, gpu, headroom_frac)
+    if memory is not None:
+        return memory
+    return Veto.HELD if gpu.held_for is not None and gpu.held_for != job.job_id else None
 
 
 def _slot_veto(job: QueuedJob, gpu: GpuSlotView) -> Veto | None:
@@ -232,6 +260,8 @@ def wait_reason(
     best = min((g for g in planned if vetoes[g.index] is furthest), key=rank_key)
     if furthest in (Veto.SLOTS, Veto.EXCLUSIVE_THERE):
         return _busy_reason(job, planned, vetoes, views)
+    if furthest is Veto.HELD:
+        return f"GPU {best.index} is kept free for {best.held_for} (it waits for that card's memory)"
     tier = tier_of(job)
     if furthest is Veto.NEEDS_EMPTY:
         return f"waits for an empty GPU (tier {tier.name} runs alone)"

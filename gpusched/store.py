@@ -13,7 +13,8 @@ import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_suite ON jobs(suite, seq);
+CREATE INDEX IF NOT EXISTS jobs_queue ON jobs(state, priority DESC, seq);  -- a tick's candidates, in order
 CREATE TABLE IF NOT EXISTS attempts (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     job_id TEXT NOT NULL REFERENCES jobs(id),
@@ -158,7 +160,7 @@ class JobRow:
     suite: str
     name: str
     task: str
-    spec: JobSpec
+    spec_json: str = field(repr=False)  # decoded on first use of ``spec``: a tick and ``status`` never need it
     priority: int
     state: JobState
     tier: int
@@ -176,10 +178,15 @@ class JobRow:
     updated_at: float
     ended_at: float | None
 
+    @cached_property
+    def spec(self) -> JobSpec:
+        """The job as submitted (JSON-decoded once, on first use)."""
+        return codec.job_from_json(self.spec_json)
+
     @classmethod
     def from_row(cls, r: sqlite3.Row) -> JobRow:
         d = dict(r)
-        d["spec"] = codec.job_from_json(d["spec"])
+        d["spec_json"] = d.pop("spec")
         d["state"] = JobState(d["state"])
         d["cancel_requested"] = bool(d["cancel_requested"])
         return cls(**d)
@@ -597,7 +604,7 @@ class Store:
             self.db.execute(
                 "UPDATE attempts SET state = 'exited', ended_at = ?, started_at = COALESCE(?, started_at),"
                 " exit_code = ?, signal = ?, outcome = ?, reason = ?, line = ?,"
-                " peak_mib = COALESCE(?, peak_mib) WHERE id = ?",
+                " peak_mib = COALESCE(MAX(?, peak_mib), ?, peak_mib) WHERE id = ?",
                 (
                     (exit.ended_at if exit and exit.ended_at else now),
                     exit.started_at if exit else None,
@@ -607,6 +614,7 @@ class Store:
                     result.reason,
                     result.line,
                     exit.peak_mib if exit else None,
+                    exit.peak_mib if exit else None,  # the larger of runtime.json's and the sampled peak
                     attempt_id,
                 ),
             )
@@ -642,6 +650,11 @@ class Store:
         self.db.execute(
             "UPDATE attempts SET peak_mib = MAX(COALESCE(peak_mib, 0), ?) WHERE id = ?", (peak_mib, attempt_id)
         )
+
+    def note(self, job_id: str | None, kind: str, message: str, *, now: float) -> None:
+        """Record an event that changes no state (a warning the user should see)."""
+        with self.tx():
+            self._event(now, job_id, kind, message)
 
     # ------------------------------------------------------------------ flags
 

@@ -1,0 +1,462 @@
+"""Memory decisions around placement. Pure: snapshots, pid sets and numbers in, values out;
+no clock, file or process (STYLE #2). The scheduler gathers the inputs (NVML snapshot,
+process trees of its attempts, host RAM) and acts on the answers.
+
+* :func:`attribute` -- which GPU processes are ours (an attempt's whole process tree, not
+  only its wrapper) and which belong to someone else; each attempt's measured memory on the
+  card it was given, and any process of it found on another card (it ignored
+  ``CUDA_VISIBLE_DEVICES``).
+* :func:`reserved_mib` -- memory promised to a running attempt that the card does not show
+  yet: the rest of its predicted peak while it ramps up, and for a learned prediction as long
+  as it runs (a job below its learned peak will grow back to it).
+* :func:`ladder_ratios` and :func:`fill_ladder` -- a task's peak at a tier it has not run
+  yet, from its learned peak one tier up and the suite's measured ratio between the two tiers
+  (source ``"ladder"``); without a ratio, never more than the tier above.
+* :func:`rooms` and :func:`start_tier` -- what each card could hold with none of our jobs on
+  it (minus headroom and other people's processes), and the first tier of the ladder whose
+  predicted peak fits that ("start safer").
+* :func:`pack_down` -- a job that memory has kept waiting a while, and whose next tier fits a
+  card now, starts there (a few per cent slower, but now and next to another job, instead of
+  waiting for a whole card; the baselines get there only by crashing first).
+* :func:`choose_holds` -- a card kept free of new jobs so that a job waiting for memory gets
+  it when the card's jobs end, instead of being starved by smaller jobs that keep refilling it.
+* :func:`unstick` -- never deadlock: when nothing runs and nothing fits, the first job runs at
+  its most conservative tier anyway, with a reason that says so.
+* :func:`host_wait` -- launches wait while available host RAM is low, and after a host OOM
+  until it has recovered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import math
+from collections import defaultdict
+
+from gpusched import placement
+from gpusched.model import MIB_PER_GIB, GpuState, Outcome, Placement
+from gpusched.placement import GpuSlotView, QueuedJob, Veto, gib
+from gpusched.predict import PeakSample, Prediction
+
+#: Measured usage rising by more than this counts as still ramping up.
+GROWTH_MIB = 256
+
+# --------------------------------------------------------------------------- attribution
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tree:
+    """One attempt's processes: its wrapper and everything below it (or, for an attempt
+    that just ended, the processes last seen of it on its card)."""
+
+    attempt_id: int
+    job_id: str
+    gpu: int | None
+    pids: frozenset[int]
+    ending: bool = False  # ended, its memory may still be being released
+
+
+@dataclass(frozen=True, kw_only=True)
+class Usage:
+    """What a snapshot shows of one attempt."""
+
+    attempt_id: int
+    gpu: int | None
+    used_mib: int | None  # its processes' memory on its own card; None when none is listed there
+    pids_on_gpu: frozenset[int]
+    elsewhere: tuple[tuple[int, int], ...] = ()  # (card index, pid) on a card it was not given
+
+
+@dataclass(frozen=True, kw_only=True)
+class Owner:
+    job_id: str
+    ending: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class Attribution:
+    usage: Mapping[int, Usage]  # attempt id -> usage
+    owners: Mapping[tuple[int, int], Owner]  # (card index, pid) -> the job it belongs to
+    outside_mib: Mapping[int, int]  # card index -> memory of processes that are not ours
+    ours_mib: Mapping[int, int]  # card index -> memory of our processes (ending ones included)
+
+    def owner(self, gpu: int, pid: int) -> Owner | None:
+        return self.owners.get((gpu, pid))
+
+
+def attribute(gpus: Sequence[GpuState], trees: Sequence[Tree]) -> Attribution:
+    """Match every GPU process of the snapshot to the attempt whose tree holds its pid.
+
+    A card where one of our live attempts runs but shows no process of it while other
+    processes are listed gets no outside memory: either the job has not touched the GPU yet
+    or its pids cannot be seen from here (a container's PID namespace), and calling our own
+    processes "outsiders" would be worse than missing a real one for a moment."""
+    by_pid: dict[int, Tree] = {}
+    for t in trees:
+        for pid in t.pids:
+            by_pid.setdefault(pid, t)
+    owners: dict[tuple[int, int], Owner] = {}
+    used: dict[int, int] = {}
+    on_gpu: dict[int, set[int]] = {t.attempt_id: set() for t in trees}
+    elsewhere: dict[int, list[tuple[int, int]]] = {t.attempt_id: [] for t in trees}
+    outside: dict[int, int] = {}
+    ours: dict[int, int] = {}
+    for g in gpus:
+        for p in g.processes:
+            t = by_pid.get(p.pid)
+            if t is None:
+                outside[g.index] = outside.get(g.index, 0) + (p.used_mib or 0)
+                continue
+            owners[(g.index, p.pid)] = Owner(job_id=t.job_id, ending=t.ending)
+            ours[g.index] = ours.get(g.index, 0) + (p.used_mib or 0)
+            if t.gpu is not None and g.index != t.gpu:
+                elsewhere[t.attempt_id].append((g.index, p.pid))
+                continue
+            on_gpu[t.attempt_id].add(p.pid)
+            if p.used_mib is not None:
+                used[t.attempt_id] = used.get(t.attempt_id, 0) + p.used_mib
+    usage = {
+        t.attempt_id: Usage(
+            attempt_id=t.attempt_id,
+            gpu=t.gpu,
+            used_mib=used.get(t.attempt_id) if on_gpu[t.attempt_id] else None,
+            pids_on_gpu=frozenset(on_gpu[t.attempt_id]),
+            elsewhere=tuple(elsewhere[t.attempt_id]),
+        )
+        for t in trees
+    }
+    blind = {t.gpu for t in trees if not t.ending and t.gpu is not None and not on_gpu[t.attempt_id]}
+    outside = {g: mib for g, mib in outside.items() if g not in blind}
+    return Attribution(usage=usage, owners=owners, outside_mib=outside, ours_mib=ours)
+
+
+# --------------------------------------------------------------------------- reservations
+
+
+@dataclass(frozen=True, kw_only=True)
+class Holding:
+    """One running attempt as reservations see it."""
+
+    predicted_mib: int | None
+    learned: bool  # the prediction comes from the job's or its task's own history
+    used_mib: int | None  # measured now on its card (None: the probe cannot tell)
+    ramping: bool  # launched, or last grew by more than GROWTH_MIB, within the ramp window
+
+
+def reserved_mib(h: Holding) -> int:
+    """Memory to hold back for ``h`` beyond what its card already shows as used.
+
+    The rest of its predicted peak (``predicted - used``) while it ramps up; once it has
+    settled, still that rest when the prediction is learned and its usage is measured (it
+    will come back to its learned peak, e.g. at evaluation), nothing otherwise (a default
+    prediction is a guess, not knowledge)."""
+    if not h.predicted_mib:
+        return 0
+    left = h.predicted_mib - (h.used_mib or 0)
+    if left <= 0:
+        return 0
+    if h.ramping or (h.learned and h.used_mib is not None):
+        return left
+    return 0
+
+
+def is_ramping(now: float, launched_at: float, last_growth_at: float | None, ramp_s: float) -> bool:
+    return now - max(launched_at, last_growth_at or launched_at) < ramp_s
+
+
+# --------------------------------------------------------------------------- the ladder
+
+LEARNED = frozenset({"job", "task", "ladder"})
+
+
+def ladder_ratios(samples: Sequence[PeakSample], tiers: int) -> dict[int, float]:
+    """tier ``t`` -> the largest measured ratio of a task's peak at ``t`` to its peak at
+    ``t - 1`` (at most 1), over the tasks that ran at both. A tier-``t-1`` OOM's peak stands
+    in for a missing successful run there (it is a lower bound of that peak, so the ratio it
+    gives errs high: safe)."""
+    ok: dict[tuple[str, int], int] = {}
+    floor: dict[tuple[str, int], int] = {}
+    for s in samples:
+        if s.peak_mib is None:
+            continue
+        key = (s.task, s.tier)
+        if s.outcome == Outcome.OK:
+            ok[key] = max(ok.get(key, 0), s.peak_mib)
+        elif s.outcome == Outcome.OOM:
+            floor[key] = max(floor.get(key, 0), s.peak_mib)
+    ratios: dict[int, list[float]] = defaultdict(list)
+    for (task, t), hi in ok.items():
+        lo = ok.get((task, t - 1)) or floor.get((task, t - 1))
+        if t > 0 and lo:
+            ratios[t].append(hi / lo)
+    return {t: min(1.0, max(rs)) for t, rs in ratios.items() if t < tiers}
+
+
+def fill_ladder(predicted: Sequence[Prediction], ratios: Mapping[int, float]) -> list[Prediction]:
+    """Predictions per tier with each default/unknown one below a learned one replaced by
+    that one scaled by the tier ratio (source ``"ladder"``), or capped by it when no ratio is
+    known (a more conservative tier never needs more; still a guess: its source stays)."""
+    out = list(predicted)
+    for t in range(1, len(out)):
+        above, here = out[t - 1], out[t]
+        if here.source in LEARNED or above.source not in LEARNED or above.mib is None:
+            continue
+        if t in ratios:
+            out[t] = Prediction(mib=math.ceil(above.mib * ratios[t]), source="ladder")
+        elif here.mib is None or above.mib < here.mib:
+            out[t] = Prediction(mib=above.mib, source=here.source)
+    return out
+
+
+# --------------------------------------------------------------------------- start safer
+
+
+def rooms(gpus: Sequence[GpuState], outside_mib: Mapping[int, int], headroom_frac: float) -> dict[int, int]:
+    """Card index -> what the card could give one job with none of ours on it: its total,
+    less headroom, less other people's processes. Cards of unknown size are left out."""
+    return {
+        g.index: g.total_mib - int(headroom_frac * g.total_mib) - outside_mib.get(g.index, 0)
+        for g in gpus
+        if g.total_mib is not None
+    }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Start:
+    tier: int  # the tier to start at
+    predicted_mib: int | None  # the prediction to place with (clamped when nothing fits)
+    note: str | None = None  # why not the job's own tier (shown with its placement or wait)
+
+
+def start_tier(
+    predicted: Sequence[int | None],
+    tier: int,
+    names: Sequence[str],
+    room_mib: int | None,
+    *,
+    share_mib: int | None = None,
+    learned: Sequence[bool] = (),
+    exclusive: Sequence[bool] = (),
+) -> Start:
+    """The tier a job starts at, from its own ``tier`` on:
+
+    1. when ``share_mib`` (a slot's share of its roomiest card: usable / the plan's cap) is
+       given and the job's learned peak at ``tier`` exceeds it, the first later tier, not an
+       exclusive one, whose *learned* peak fits the share: a job over its share blocks its
+       card-mates for its whole run, a few per cent slower one tier down it blocks nobody;
+    2. else the first tier whose predicted peak fits ``room_mib`` (the roomiest of its cards
+       when empty; ``None``: unknown, no change). A tier with an unknown prediction fits;
+    3. when no tier fits, the last one, with its prediction clamped to ``room_mib`` so that it
+       runs alone on the roomiest card once that card is empty."""
+    tier = max(0, min(tier, len(predicted) - 1))
+    here = predicted[tier]
+    over_share = share_mib is not None and here is not None and here > share_mib and _at(learned, tier)
+    if over_share:
+        for t in range(tier + 1, len(predicted)):
+            p = predicted[t]
+            if not _at(exclusive, t) and _at(learned, t) and p is not None and p <= share_mib:  # type: ignore[operator]
+                note = (
+                    f"tier {names[t]} instead of {names[tier]}: ~{gib(here)} at {names[tier]} is more than a slot's"
+                    f" share of a card ({gib(share_mib or 0)}); ~{gib(p)} at {names[t]} is not"
+                )
+                return Start(tier=t, predicted_mib=p, note=note)
+    if room_mib is None or here is None or here <= room_mib:
+        return Start(tier=tier, predicted_mib=here)
+    for t in range(tier + 1, len(predicted)):
+        p = predicted[t]
+        if p is None or p <= room_mib:
+            note = (
+                f"tier {names[t]} instead of {names[tier]}: ~{gib(here)} at {names[tier]} fits no GPU"
+                f" even when empty ({gib(room_mib)} at most)"
+            )
+            return Start(tier=t, predicted_mib=p, note=note)
+    last = len(predicted) - 1
+    note = (
+        f"~{gib(min(p for p in predicted[tier:] if p is not None))} or more at every tier from"
+        f" {names[tier]} on fits no GPU even when empty ({gib(room_mib)} at most): runs at the most"
+        f" conservative tier {names[last]}, alone on a card"
+    )
+    return Start(tier=last, predicted_mib=room_mib, note=note)
+
+
+def _at(flags: Sequence[bool], i: int) -> bool:
+    return i < len(flags) and flags[i]
+
+
+# --------------------------------------------------------------------------- pack down
+
+
+def pack_down(
+    job: QueuedJob, predicted: Sequence[int | None], views: Sequence[GpuSlotView], *, headroom_frac: float
+) -> QueuedJob | None:
+    """``job`` one tier further down the ladder, when memory keeps it off every card now and
+    the next tier (not an exclusive one: that would wait for an empty card anyway) fits a
+    card now; else ``None``."""
+    t = job.tier + 1
+    if t >= len(job.tiers) or t >= len(predicted) or job.tiers[t].exclusive:
+        return None
+    if not memory_bound(job, views, headroom_frac):
+        return None
+    lower = replace(job, tier=t, predicted_mib=predicted[t])
+    if any(placement.veto(lower, g, headroom_frac) is None for g in views):
+        return lower
+    return None
+
+
+# --------------------------------------------------------------------------- holds
+
+
+MEMORY_VETOES = frozenset({Veto.NEEDS_EMPTY, Veto.MIN_FREE, Veto.MEMORY})  # not HELD: that one is ours
+
+
+def memory_bound(job: QueuedJob, views: Sequence[GpuSlotView], headroom_frac: float) -> bool:
+    """True when memory (not slots or the plan) keeps ``job`` off every card it may use."""
+    vetoes = [placement.veto(job, g, headroom_frac) for g in views]
+    planned = [v for v in vetoes if v is not Veto.NOT_IN_PLAN]
+    return bool(planned) and None not in planned and any(v in MEMORY_VETOES for v in planned)
+
+
+def choose_holds(
+    waiting: Sequence[tuple[QueuedJob, float]],
+    views: Sequence[GpuSlotView],
+    room_mib: Mapping[int, int],
+    *,
+    current: Mapping[int, str],
+    hold_after_s: float,
+    max_holds: int,
+    headroom_frac: float,
+) -> dict[int, str]:
+    """Card index -> job id: cards that take no new job but that one.
+
+    ``waiting`` holds the queued jobs (in placement order) with how long each has waited.
+    A job that has waited ``hold_after_s`` or more because of memory gets the card it fits
+    on when empty (its ``room_mib``) that holds the fewest of our jobs. A current hold is
+    kept while its job still waits and still fits that card; at most ``max_holds``."""
+    waits = {j.job_id: (j, s) for j, s in waiting}
+    holds: dict[int, str] = {}
+    for gpu, job_id in current.items():
+        entry = waits.get(job_id)
+        if entry and _fits_empty(entry[0], gpu, room_mib) and len(holds) < max_holds:
+            holds[gpu] = job_id
+    for job, waited_s in waiting:
+        if len(holds) >= max_holds:
+            break
+        if job.job_id in holds.values() or waited_s < hold_after_s:
+            continue
+        free = [g for g in views if g.index not in holds]
+        if not memory_bound(job, free, headroom_frac):
+            continue
+        target = _hold_target(job, free, room_mib)
+        if target is not None:
+            holds[target] = job.job_id
+    return holds
+
+
+def _fits_empty(job: QueuedJob, gpu: int, room_mib: Mapping[int, int]) -> bool:
+    room = room_mib.get(gpu)
+    return job.allowed.get(gpu, 0) > 0 and (job.predicted_mib is None or (room is not None and job.predicted_mib <= room))
+
+
+def _hold_target(job: QueuedJob, views: Sequence[GpuSlotView], room_mib: Mapping[int, int]) -> int | None:
+    fits = [g for g in views if _fits_empty(job, g.index, room_mib) and g.index != job.avoid_gpu]
+    if not fits:
+        fits = [g for g in views if _fits_empty(job, g.index, room_mib)]
+    if not fits:
+        return None
+    return min(fits, key=lambda g: (g.running, -(g.usable_mib or 0), g.index)).index
+
+
+def held_views(views: Mapping[int, GpuSlotView], holds: Mapping[int, str]) -> dict[int, GpuSlotView]:
+    return {i: replace(v, held_for=holds.get(i)) for i, v in views.items()}
+
+
+# --------------------------------------------------------------------------- never deadlock
+
+
+def unstick(
+    queued: Sequence[QueuedJob], views: Sequence[GpuSlotView], *, headroom_frac: float
+) -> Placement | None:
+    """When nothing of ours runs and nothing was placed: the first job (in placement order)
+    that memory keeps off every card runs anyway at the last tier of its ladder, on its
+    roomiest card, with a reason that says so. ``None`` when no job is stuck on memory."""
+    for job in sorted(queued, key=placement.job_order):
+        if not memory_bound(job, views, headroom_frac):
+            continue
+        cards = [g for g in views if job.allowed.get(g.index, 0) > 0]
+        best = min(cards, key=placement.rank_key)
+        last = len(job.tiers) - 1
+        why = placement.wait_reason(job, views, {g.index: placement.veto(job, g, headroom_frac) for g in views}, headroom_frac)
+        name = job.tiers[last].name if job.tiers else "?"
+        reason = (
+            f"GPU {best.index}: nothing runs and nothing fits ({why}); started at the most conservative"
+            f" tier {name} anyway so that the queue cannot stall"
+        )
+        return Placement(job_id=job.job_id, gpu=best.index, tier=max(last, 0), reason=reason)
+    return None
+
+
+# --------------------------------------------------------------------------- host RAM
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostMemory:
+    available_mib: int | None
+    total_mib: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostLimit:
+    """Launches wait while available host RAM is below ``min_mib`` or ``min_frac`` of the
+    total, whichever is *smaller* (a small box is not blocked for good by a fixed figure; a
+    big one still stops at ``min_mib``). 0 disables either."""
+
+    min_mib: int = 4 * MIB_PER_GIB
+    min_frac: float = 0.10
+    recover_factor: float = 2.0  # after a host OOM: wait for this many times the minimum
+    hold_s: float = 30.0  # ... and at least this long
+
+
+def host_min_mib(total_mib: int | None, limit: HostLimit) -> int:
+    floors = [m for m in (limit.min_mib, int(limit.min_frac * total_mib) if total_mib else 0) if m > 0]
+    return min(floors) if floors else 0
+
+
+def host_wait(host: HostMemory, limit: HostLimit, *, oom_hold: tuple[float, str] | None, now: float) -> str | None:
+    """Why launches wait for host RAM now, or ``None``. ``oom_hold`` is (when, job id) of
+    the last host OOM that is not yet known to have recovered."""
+    floor = host_min_mib(host.total_mib, limit)
+    avail = host.available_mib
+    if oom_hold is not None:
+        since, job_id = oom_hold
+        need = int(floor * limit.recover_factor)
+        if avail is None or avail < need or now - since < limit.hold_s:
+            have = "unknown" if avail is None else gib(avail)
+            return f"held after a host OOM of {job_id}: waiting for host RAM to recover ({have} available, needs {gib(need)})"
+    if avail is not None and floor and avail < floor:
+        return f"host RAM low: {gib(avail)} available, launches wait for {gib(floor)}"
+    return None
+
+
+def host_recovered(host: HostMemory, limit: HostLimit, since: float, now: float) -> bool:
+    need = int(host_min_mib(host.total_mib, limit) * limit.recover_factor)
+    return host.available_mib is not None and host.available_mib >= need and now - since >= limit.hold_s
+
+
+def parse_host_min(text: str) -> HostLimit:
+    """``"4GiB"``, ``"4096MiB"``, ``"10%"``, ``"4GiB,10%"`` or ``"0"`` (off) -> a :class:`HostLimit`.
+    Raises ``ValueError`` naming the accepted forms."""
+    mib, frac = 0, 0.0
+    for part in (p.strip().lower() for p in text.split(",") if p.strip()):
+        if part.endswith("%"):
+            frac = float(part[:-1]) / 100
+        elif part.endswith(("gib", "gb", "g")):
+            mib = int(float(part.rstrip("gib").rstrip("b") or "0") * MIB_PER_GIB)
+        elif part.endswith(("mib", "mb", "m")):
+            mib = int(float(part.rstrip("mib").rstrip("b") or "0"))
+        else:
+            mib = int(float(part))  # bare number: MiB ("0" turns the check off)
+    if mib < 0 or not 0 <= frac < 1:
+        raise ValueError(text)
+    return HostLimit(min_mib=mib, min_frac=frac)
+

@@ -1,0 +1,218 @@
+"""The pure memory decisions (gpusched.memory): attribution of GPU processes, reservations,
+the tier ladder learned across tasks, start safer, pack down, holds, never deadlock, host RAM."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpusched import memory
+from gpusched.memory import HostLimit, HostMemory, Holding, Tree
+from gpusched.model import GpuProcess, GpuState, Outcome, Tier
+from gpusched.placement import GpuSlotView, QueuedJob, assign
+from gpusched.predict import PeakSample, Prediction
+
+GIB = 1024
+TIERS = (Tier(name="A"), Tier(name="B"), Tier(name="C"), Tier(name="D", exclusive=True))
+
+
+def card(index: int, used: float = 0, total: float = 24, procs: tuple[tuple[int, float], ...] = ()) -> GpuState:
+    return GpuState(
+        index=index,
+        total_mib=int(total * GIB),
+        used_mib=int(used * GIB),
+        free_mib=int((total - used) * GIB),
+        processes=tuple(GpuProcess(pid=p, used_mib=int(m * GIB)) for p, m in procs),
+    )
+
+
+def view(index: int, free: float = 24, running: int = 0, total: float = 24, reserved: float = 0) -> GpuSlotView:
+    return GpuSlotView(
+        index=index, running=running, free_mib=int(free * GIB), total_mib=int(total * GIB), reserved_mib=int(reserved * GIB)
+    )
+
+
+def job(pred: float | None, tier: int = 0, allowed: dict[int, int] | None = None, name: str = "j") -> QueuedJob:
+    return QueuedJob(
+        job_id=name, seq=1, tier=tier, tiers=TIERS, allowed=allowed or {0: 2, 1: 2},
+        predicted_mib=None if pred is None else int(pred * GIB),
+    )
+
+
+# --------------------------------------------------------------------------- attribution
+
+
+def test_a_jobs_whole_process_tree_is_ours_not_only_its_wrapper() -> None:
+    # wrapper 100 -> python 101 -> dataloader 102 (which touched CUDA); 555 is someone else's
+    gpus = [card(0, used=15, procs=((101, 9), (102, 1), (555, 5)))]
+    att = memory.attribute(gpus, [Tree(attempt_id=1, job_id="E1/a", gpu=0, pids=frozenset({100, 101, 102}))])
+    assert att.usage[1].used_mib == 10 * GIB  # summed over its tree on its card
+    assert att.owner(0, 101) is not None and att.owner(0, 102).job_id == "E1/a"  # type: ignore[union-attr]
+    assert att.owner(0, 555) is None
+    assert att.outside_mib == {0: 5 * GIB} and att.ours_mib == {0: 10 * GIB}
+
+
+def test_a_process_on_a_card_the_job_was_not_given_is_reported_elsewhere() -> None:
+    gpus = [card(0), card(1, used=4, procs=((101, 4),))]
+    att = memory.attribute(gpus, [Tree(attempt_id=1, job_id="E1/a", gpu=0, pids=frozenset({100, 101}))])
+    assert att.usage[1].elsewhere == ((1, 101),)
+    assert att.usage[1].used_mib is None  # nothing of it on its own card
+
+
+def test_a_card_where_our_job_shows_no_process_counts_no_outside_memory() -> None:
+    # our pids are invisible (container) or the job has not touched the GPU yet: the listed
+    # process is probably ours, and calling it an outsider would make its card look full
+    gpus = [card(0, used=9, procs=((7777, 9),)), card(1, used=6, procs=((8888, 6),))]
+    att = memory.attribute(gpus, [Tree(attempt_id=1, job_id="E1/a", gpu=0, pids=frozenset({100}))])
+    assert att.outside_mib == {1: 6 * GIB}
+
+
+# --------------------------------------------------------------------------- reservations
+
+
+@pytest.mark.parametrize(
+    ("holding", "reserved"),
+    [
+        (Holding(predicted_mib=10 * GIB, learned=False, used_mib=None, ramping=True), 10 * GIB),
+        (Holding(predicted_mib=10 * GIB, learned=False, used_mib=4 * GIB, ramping=True), 6 * GIB),
+        (Holding(predicted_mib=10 * GIB, learned=False, used_mib=4 * GIB, ramping=False), 0),  # a default is a guess
+        (Holding(predicted_mib=10 * GIB, learned=True, used_mib=8 * GIB, ramping=False), 2 * GIB),  # will grow back
+        (Holding(predicted_mib=10 * GIB, learned=True, used_mib=None, ramping=False), 0),
+        (Holding(predicted_mib=10 * GIB, learned=True, used_mib=12 * GIB, ramping=True), 0),
+        (Holding(predicted_mib=None, learned=False, used_mib=None, ramping=True), 0),
+    ],
+)
+def test_reservation_is_the_rest_of_the_predicted_peak_while_it_can_still_come(holding: Holding, reserved: int) -> None:
+    assert memory.reserved_mib(holding) == reserved
+
+
+def test_ramping_restarts_when_usage_grows() -> None:
+    assert memory.is_ramping(100, launched_at=50, last_growth_at=None, ramp_s=60)
+    assert not memory.is_ramping(200, launched_at=50, last_growth_at=None, ramp_s=60)
+    assert memory.is_ramping(200, launched_at=50, last_growth_at=180, ramp_s=60)
+
+
+# --------------------------------------------------------------------------- the ladder
+
+
+def sample(task: str, tier: int, peak: float, outcome: Outcome = Outcome.OK, job_id: str = "x") -> PeakSample:
+    return PeakSample(job_id=job_id, task=task, tier=tier, peak_mib=int(peak * GIB), outcome=outcome)
+
+
+def test_ladder_ratio_is_the_largest_measured_between_two_tiers_and_at_most_one() -> None:
+    ratios = memory.ladder_ratios(
+        [sample("qnli", 0, 14), sample("qnli", 1, 9), sample("mnli", 0, 12), sample("mnli", 1, 9),
+         sample("boolq", 0, 22, Outcome.OOM), sample("boolq", 1, 15), sample("rte", 1, 8), sample("rte", 2, 9)],
+        tiers=4,
+    )
+    assert ratios[1] == pytest.approx(0.75)  # mnli's 9/12 beats qnli's 9/14 and boolq's 15/22
+    assert ratios[2] == 1.0  # capped: a more conservative tier never needs more
+
+
+def test_fill_ladder_scales_a_learned_peak_down_and_otherwise_only_caps_the_guess() -> None:
+    preds = [Prediction(mib=14 * GIB, source="task"), Prediction(mib=11 * GIB, source="default"),
+             Prediction(mib=11 * GIB, source="default")]
+    scaled = memory.fill_ladder(preds, {1: 0.6})
+    assert scaled[1] == Prediction(mib=int(14 * GIB * 0.6) + 1, source="ladder")
+    assert scaled[2].source == "default" and scaled[2].mib == scaled[1].mib  # capped, still a guess
+    small = [Prediction(mib=6 * GIB, source="task"), Prediction(mib=11 * GIB, source="default")]
+    assert memory.fill_ladder(small, {}) == [small[0], Prediction(mib=6 * GIB, source="default")]
+
+
+# --------------------------------------------------------------------------- start safer
+
+
+def test_a_tier_that_fits_a_card_stays() -> None:
+    assert memory.start_tier([20 * GIB, 12 * GIB, 9 * GIB, 5 * GIB], 0, "ABCD", 21 * GIB) == memory.Start(
+        tier=0, predicted_mib=20 * GIB
+    )
+
+
+def test_a_peak_that_fits_no_card_even_empty_starts_at_the_first_tier_that_does() -> None:
+    start = memory.start_tier([26 * GIB, 23 * GIB, 15 * GIB, 8 * GIB], 0, "ABCD", 21 * GIB)
+    assert (start.tier, start.predicted_mib) == (2, 15 * GIB)
+    assert start.note and "tier C instead of A" in start.note and "fits no GPU even when empty" in start.note
+
+
+def test_when_no_tier_fits_it_runs_at_the_last_one_alone_on_the_roomiest_card() -> None:
+    start = memory.start_tier([40 * GIB, 35 * GIB, 30 * GIB, 25 * GIB], 1, "ABCD", 21 * GIB)
+    assert (start.tier, start.predicted_mib) == (3, 21 * GIB)
+    assert start.note and "most conservative tier D" in start.note
+
+
+def test_a_learned_peak_over_a_slots_share_starts_one_tier_down_when_that_is_learned_too() -> None:
+    preds = [14 * GIB, 9 * GIB, 7 * GIB, 5 * GIB]
+    start = memory.start_tier(preds, 0, "ABCD", 21 * GIB, share_mib=10 * GIB, learned=[True, True, False, False],
+                              exclusive=[False, False, False, True])
+    assert start.tier == 1 and "share" in (start.note or "")
+    # a guess at B is no reason to slow the job down
+    guess = memory.start_tier(preds, 0, "ABCD", 21 * GIB, share_mib=10 * GIB, learned=[True, False, False, False])
+    assert guess.tier == 0
+
+
+# --------------------------------------------------------------------------- pack down, holds, unstick
+
+
+def test_pack_down_takes_the_next_tier_when_it_fits_now_and_never_an_exclusive_one() -> None:
+    views = [view(0, free=12, running=1), view(1, free=11, running=1)]
+    lower = memory.pack_down(job(14), [14 * GIB, 9 * GIB, 6 * GIB, 4 * GIB], views, headroom_frac=0.1)
+    assert lower is not None and (lower.tier, lower.predicted_mib) == (1, 9 * GIB)
+    assert memory.pack_down(job(14), [14 * GIB, 11 * GIB, 6 * GIB, 4 * GIB], views, headroom_frac=0.1) is None
+    at_c = job(9, tier=2)
+    assert memory.pack_down(at_c, [14 * GIB, 11 * GIB, 12 * GIB, 4 * GIB], views, headroom_frac=0.1) is None  # D: exclusive
+    assert memory.pack_down(job(5), [5 * GIB, 3 * GIB, 2 * GIB, 1 * GIB], views, headroom_frac=0.1) is None  # not waiting
+
+
+def test_a_job_memory_kept_waiting_long_gets_a_card_kept_free_and_nothing_else_lands_there() -> None:
+    views = [view(0, free=10, running=1), view(1, free=2, running=1)]
+    big, small = job(16, name="big"), job(4, name="small")
+    room = {0: 21 * GIB, 1: 21 * GIB}
+    assert memory.choose_holds([(big, 60)], views, room, current={}, hold_after_s=300, max_holds=1, headroom_frac=0.1) == {}
+    holds = memory.choose_holds([(big, 600)], views, room, current={}, hold_after_s=300, max_holds=1, headroom_frac=0.1)
+    assert holds == {0: "big"}
+    decision = assign([small], list(memory.held_views({v.index: v for v in views}, holds).values()), headroom_frac=0.1)
+    assert not decision.placements and "kept free for big" in decision.waits[0].reason
+    # kept while the job waits, dropped once it is placed (no longer waiting)
+    assert memory.choose_holds([(big, 700)], views, room, current=holds, hold_after_s=300, max_holds=1, headroom_frac=0.1) == holds
+    assert memory.choose_holds([], views, room, current=holds, hold_after_s=300, max_holds=1, headroom_frac=0.1) == {}
+
+
+def test_unstick_runs_the_first_stuck_job_at_its_last_tier_and_says_why() -> None:
+    views = [view(0, free=8), view(1, free=6)]  # outsiders hold the rest; nothing of ours runs
+    placed = memory.unstick([job(14, name="j1")], views, headroom_frac=0.1)
+    assert placed is not None and placed.tier == 3 and placed.gpu == 0
+    assert "nothing runs and nothing fits" in placed.reason and "tier D" in placed.reason
+    assert memory.unstick([job(4)], views, headroom_frac=0.1) is None  # it fits: not stuck
+
+
+# --------------------------------------------------------------------------- host RAM
+
+
+def test_host_minimum_is_the_smaller_of_the_fixed_figure_and_the_share() -> None:
+    assert memory.host_min_mib(256 * GIB, HostLimit()) == 4 * GIB
+    assert memory.host_min_mib(16 * GIB, HostLimit()) == int(1.6 * GIB)
+    assert memory.host_min_mib(16 * GIB, HostLimit(min_mib=0, min_frac=0)) == 0
+
+
+def test_launches_wait_while_host_ram_is_low_and_after_a_host_oom_until_it_recovers() -> None:
+    limit = HostLimit(min_mib=4 * GIB, min_frac=0.10, recover_factor=2, hold_s=30)
+    low, ok, plenty = (HostMemory(available_mib=m * GIB, total_mib=256 * GIB) for m in (3, 6, 20))
+    assert "host RAM low: 3.0 GiB available" in (memory.host_wait(low, limit, oom_hold=None, now=0) or "")
+    assert memory.host_wait(ok, limit, oom_hold=None, now=0) is None
+    hold = (100.0, "E1/a")
+    assert "host OOM of E1/a" in (memory.host_wait(ok, limit, oom_hold=hold, now=200) or "")  # 6 < 2 x 4
+    assert memory.host_wait(plenty, limit, oom_hold=hold, now=110) is not None  # too soon
+    assert memory.host_recovered(plenty, limit, 100.0, 200.0)
+
+
+@pytest.mark.parametrize(
+    ("text", "limit"),
+    [("4GiB", HostLimit(min_mib=4 * GIB, min_frac=0)), ("10%", HostLimit(min_mib=0, min_frac=0.1)),
+     ("2048MiB,5%", HostLimit(min_mib=2048, min_frac=0.05)), ("0", HostLimit(min_mib=0, min_frac=0))],
+)
+def test_host_minimum_parses(text: str, limit: HostLimit) -> None:
+    assert memory.parse_host_min(text) == limit
+
+
+def test_a_bad_host_minimum_is_refused() -> None:
+    with pytest.raises(ValueError):
+        memory.parse_host_min("lots")
