@@ -211,7 +211,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
     result = store.submit(
         suite, gplan, backend=backend, cwd=str(cwd), env_path=str(env_path), options=options, rerun=args.rerun
     )
-    info = daemon.start(home, probe=probe_spec) if (result.queued or result.requeued) else daemon.info(home)
+    # a repeated submit also brings back a daemon that died while the suite had work left
+    unfinished = any(st in ("queued", "running") for _, st in result.skipped)
+    wanted = result.queued or result.requeued or unfinished
+    info = daemon.start(home, probe=probe_spec) if wanted else daemon.info(home)
     daemon.wake(home)
     if args.json:
         print(json.dumps({"suite": suite.name, "queued": list(result.queued), "requeued": list(result.requeued),

@@ -119,12 +119,20 @@ class Scheduler:
         """Reap ``a`` if it ended; return its outcome, or None while it runs."""
         paths = AttemptPaths(Path(a.dir))
         exit_rec = paths.read_exit()
-        if exit_rec is None:
+        if exit_rec is None or self._stopping(a):
             ex = self.executors.get(a.backend)
             if ex is not None and a.handle is not None and ex.alive(a.handle):
                 return None
             exit_rec = paths.read_exit()  # it may have written exit.json just before going
         return self.reap_attempt(a, exit_rec, now)
+
+    def _stopping(self, a: AttemptRow) -> bool:
+        """Being cancelled: reaped only once its whole process group is gone, not when its
+        wrapper has written exit.json, so a child that ignores SIGTERM still gets the SIGKILL."""
+        if a.id in self._term_sent:
+            return True
+        job = self.store.job(a.job_id)
+        return job is not None and job.cancel_requested
 
     def reap_attempt(self, a: AttemptRow, exit_rec, now: float) -> Outcome:  # type: ignore[no-untyped-def]
         """Classify an ended attempt (``exit_rec`` None: vanished) and move its job on."""

@@ -1,0 +1,342 @@
+"""The promises a user leaves running overnight on, through the real CLI: jobs outlive the
+daemon (stopped or killed) and a new daemon re-adopts them; `drain` stops new launches; a job
+that ignores SIGTERM is SIGKILLed after the grace period; the tmux server killed from outside
+loses nothing; the state directory is private; override values reach the job verbatim and
+never reach a shell; bad input is one line and exit 2.
+
+Jobs wait on a file the test creates (a "go" signal) instead of sleeping a guessed time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpusched import proc
+from gpusched.store import Store
+from tests.conftest import run_cli
+from tests.helpers import retry_until
+
+FAKE = {"GPUSCHED_FAKE_GPUS": "2x24GiB"}
+needs_tmux = pytest.mark.skipif(not shutil.which("tmux"), reason="tmux not installed")
+BACKENDS = ["subprocess", pytest.param("tmux", marks=needs_tmux)]
+
+
+def write_plan(project: Path, name: str, script: str, jobs: list[str], **extra: Any) -> None:
+    """A plan whose jobs run ``sh -c SCRIPT`` (with $GO, $LAUNCHES set) and log their start."""
+    body = 'echo "$GPUSCHED_JOB_ID" >> "$LAUNCHES"; ' + script
+    doc = {
+        "command": "sh -c " + _sq(body) + " job {config}",
+        "env": {"LAUNCHES": str(project / "launches.txt"), "GO": str(project / "go")},
+        "jobs": [{"name": j} for j in jobs],
+        **extra,
+    }
+    (project / "plans" / f"{name}.yaml").write_text(yaml.safe_dump(doc))
+
+
+def _sq(text: str) -> str:
+    return "'" + text.replace("'", "'\"'\"'") + "'"
+
+
+WAIT_FOR_GO = 'while [ ! -e "$GO" ]; do sleep 0.05; done'
+
+
+def store(home: Path) -> Store:
+    return Store(home / "gpusched.db")
+
+
+def states(home: Path, suite: str) -> dict[str, str]:
+    return {j.name: j.state.value for j in store(home).jobs(suite=suite)}
+
+
+def launches(project: Path) -> list[str]:
+    f = project / "launches.txt"
+    return sorted(f.read_text().split()) if f.exists() else []
+
+
+def wrapper_pid(home: Path, job_id: str) -> tuple[int, float]:
+    a = store(home).attempts(job_id)[-1]
+    pid = retry_until(lambda: _read_pid(Path(a.dir)), timeout=10)
+    return pid
+
+
+def _read_pid(d: Path) -> tuple[int, float] | None:
+    try:
+        pid, started = (d / "pid").read_text().split()
+        return int(pid), float(started)
+    except (OSError, ValueError):
+        return None
+
+
+def daemon_pid(home: Path) -> int:
+    return int(json.loads((home / "daemon.json").read_text())["pid"])
+
+
+def dead(pid: int) -> bool:
+    return proc.started_at(pid) is None
+
+
+# --------------------------------------------------------------------------- jobs outlive the daemon
+
+
+@pytest.mark.parametrize("how", ["stop", "kill -9"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_jobs_outlive_the_daemon_and_a_new_daemon_re_adopts_them(
+    gs_home: Path, project: Path, backend: str, how: str
+) -> None:
+    write_plan(project, "night", WAIT_FOR_GO, ["a", "b"])
+    run_cli(
+        "submit",
+        "--suite",
+        "night",
+        "--gpu-plan",
+        "1,1",
+        "--backend",
+        backend,
+        cwd=project,
+        env=FAKE,
+        check=True,
+    )
+    retry_until(lambda: launches(project) == ["night/a", "night/b"], timeout=30)
+    wrappers = [wrapper_pid(gs_home, f"night/{j}") for j in "ab"]
+    if how == "stop":
+        r = run_cli("daemon", "stop", cwd=project, check=True)
+        assert "jobs keep running" in r.stdout
+    else:
+        pid = daemon_pid(gs_home)
+        os.kill(pid, signal.SIGKILL)
+        retry_until(lambda: dead(pid), timeout=10)
+    assert run_cli("daemon", "status", cwd=project).returncode == 3  # no daemon
+    assert all(proc.is_alive(pid, started) for pid, started in wrappers)  # the jobs still run
+    if how == "stop":  # they end while no daemon runs: the next one reaps them from exit.json
+        (project / "go").touch()
+        for a in (store(gs_home).attempts(f"night/{j}")[-1] for j in "ab"):
+            retry_until((Path(a.dir) / "exit.json").exists, timeout=20)
+        run_cli("daemon", "start", cwd=project, env=FAKE, check=True)
+    else:  # a new daemon re-adopts them while they run
+        run_cli("daemon", "start", cwd=project, env=FAKE, check=True)
+        log = (gs_home / "daemon.log").read_text()
+        assert "reconcile: night/a: re-adopted" in log and "reconcile: night/b: re-adopted" in log
+        (project / "go").touch()
+    retry_until(lambda: states(gs_home, "night") == {"a": "succeeded", "b": "succeeded"}, timeout=30)
+    assert launches(project) == ["night/a", "night/b"]  # each ran exactly once
+    assert [len(store(gs_home).attempts(f"night/{j}")) for j in "ab"] == [1, 1]
+
+
+def test_drain_stops_new_launches_and_running_jobs_finish(gs_home: Path, project: Path) -> None:
+    write_plan(project, "dr", WAIT_FOR_GO, ["a", "b"])
+    run_cli(
+        "submit",
+        "--suite",
+        "dr",
+        "--gpu-plan",
+        "1",
+        "--backend",
+        "subprocess",
+        cwd=project,
+        env=FAKE,
+        check=True,
+    )
+    retry_until(lambda: launches(project) == ["dr/a"], timeout=30)
+    r = run_cli("drain", cwd=project, check=True)
+    assert "draining" in r.stdout
+    (project / "go").touch()
+    # the tick that reaps `a` would launch `b` into the freed slot, were it not draining
+    retry_until(lambda: states(gs_home, "dr")["a"] == "succeeded", timeout=30)
+    assert states(gs_home, "dr")["b"] == "queued" and launches(project) == ["dr/a"]
+    r = run_cli("drain", "--off", cwd=project, check=True)
+    assert "resumed" in r.stdout
+    retry_until(lambda: states(gs_home, "dr")["b"] == "succeeded", timeout=30)
+    assert launches(project) == ["dr/a", "dr/b"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cancel_sigkills_a_job_that_ignores_sigterm_after_the_grace_period(
+    gs_home: Path, project: Path, backend: str
+) -> None:
+    script = 'trap "" TERM HUP INT; echo $$ > "$GPUSCHED_ATTEMPT_DIR/job.pid"; sleep 300'
+    write_plan(project, "stubborn", script, ["a"])
+    env = {**FAKE, "GPUSCHED_CANCEL_GRACE_S": "1"}
+    run_cli(
+        "submit",
+        "--suite",
+        "stubborn",
+        "--gpu-plan",
+        "1",
+        "--backend",
+        backend,
+        cwd=project,
+        env=env,
+        check=True,
+    )
+    a = retry_until(lambda: (store(gs_home).attempts("stubborn/a") or [None])[-1], timeout=30)
+    job_pid = int(retry_until(lambda: _text(Path(a.dir) / "job.pid"), timeout=30))
+    t0 = time.monotonic()
+    r = run_cli("cancel", "stubborn/a", cwd=project, check=True)
+    assert "1 stopping" in r.stdout
+    retry_until(lambda: states(gs_home, "stubborn")["a"] == "cancelled", timeout=30)
+    assert time.monotonic() - t0 >= 0.9  # SIGTERM first, SIGKILL only after the grace period
+    assert dead(job_pid)
+    assert "SIGKILL sent to its process group" in (gs_home / "daemon.log").read_text()
+
+
+def _text(p: Path) -> str | None:
+    try:
+        return p.read_text().strip() or None
+    except OSError:
+        return None
+
+
+@needs_tmux
+def test_tmux_server_killed_from_outside_loses_nothing(gs_home: Path, project: Path) -> None:
+    """Killing the private tmux server closes the panes' terminals, not the jobs: they run on
+    and report through exit.json; the next launch starts a new server."""
+    write_plan(project, "tx", WAIT_FOR_GO, ["a", "b", "c"])
+    run_cli(
+        "submit", "--suite", "tx", "--gpu-plan", "1", "--backend", "tmux", cwd=project, env=FAKE, check=True
+    )
+    retry_until(lambda: launches(project) == ["tx/a"], timeout=30)
+    sock = str(gs_home / "tmux.sock")
+    server = int(
+        subprocess.run(
+            ["tmux", "-S", sock, "display", "-p", "#{pid}"], capture_output=True, text=True, check=True
+        ).stdout
+    )
+    os.kill(server, signal.SIGKILL)
+    retry_until(lambda: dead(server), timeout=10)
+    assert proc.is_alive(*wrapper_pid(gs_home, "tx/a"))  # the job outlived its terminal
+    (project / "go").touch()
+    retry_until(lambda: set(states(gs_home, "tx").values()) == {"succeeded"}, timeout=60)
+    assert launches(project) == ["tx/a", "tx/b", "tx/c"]
+    assert [a.outcome for a in store(gs_home).attempts("tx/a")] == ["ok"]
+    ls = subprocess.run(["tmux", "-S", sock, "list-sessions"], capture_output=True, text=True)
+    assert ls.returncode == 0 and "tx" in ls.stdout  # a new server holds the later panes
+
+
+# --------------------------------------------------------------------------- privacy, injection
+
+
+@needs_tmux
+def test_state_dir_socket_fifo_and_env_snapshot_are_private(gs_home: Path, project: Path) -> None:
+    write_plan(project, "priv", "exit 0", ["a"])
+    old = os.umask(0o022)
+    try:
+        run_cli(
+            "submit",
+            "--suite",
+            "priv",
+            "--gpu-plan",
+            "1",
+            "--backend",
+            "tmux",
+            cwd=project,
+            env=FAKE,
+            check=True,
+        )
+    finally:
+        os.umask(old)
+    retry_until(lambda: states(gs_home, "priv")["a"] == "succeeded", timeout=30)
+
+    def mode(p: Path) -> int:
+        return stat.S_IMODE(p.stat().st_mode)
+
+    assert mode(gs_home) == 0o700 and mode(gs_home / "env") == 0o700
+    assert mode(gs_home / "env" / "priv.sh") == 0o600  # the submitting shell's env: may hold tokens
+    assert mode(gs_home / "wake") == 0o600 and stat.S_ISFIFO((gs_home / "wake").stat().st_mode)
+    assert mode(gs_home / "tmux.sock") & 0o077 == 0
+    assert all(mode(p) & 0o077 == 0 or p.parent == gs_home for p in gs_home.rglob("*"))
+
+
+EVIL = {
+    "subst": "$(touch {pwn}/subst)",
+    "backtick": "`touch {pwn}/backtick`",
+    "quote_break": "'; touch {pwn}/quote; echo '",
+    "dquote_break": '"; touch {pwn}/dquote; echo "',
+    "semicolon": "x; touch {pwn}/semicolon",
+    "newline": "x\ntouch {pwn}/newline",
+    "mixed": "a\"b'c\\d|e&f>g<h*?[ ]{{x}}",
+    "unicode": "日本語 ünïcödé ✓",
+}
+
+DUMP = """
+import json, os, sys, yaml
+cfg = yaml.safe_load(open(sys.argv[1]))
+seen = {"config": {k: cfg.get(k) for k in json.loads(os.environ["KEYS"])}, "env": os.environ["EVIL_ENV"],
+        "matrix": cfg.get("tag")}
+open(os.path.join(os.environ["GPUSCHED_ATTEMPT_DIR"], "seen.json"), "w").write(json.dumps(seen))
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_override_values_reach_the_job_verbatim_and_never_run(
+    gs_home: Path, project: Path, tmp_path: Path, backend: str
+) -> None:
+    pwn = tmp_path / "pwned"
+    pwn.mkdir()
+    values = {k: v.format(pwn=pwn) for k, v in EVIL.items()}
+    env_value = f"$(touch {pwn}/env) `touch {pwn}/env2` '; touch {pwn}/env3"
+    matrix_value = f"$(touch {pwn}/matrix)"
+    (project / "dump.py").write_text(textwrap.dedent(DUMP))
+    doc = {
+        "command": "python dump.py {config}",
+        "env": {"KEYS": json.dumps(sorted(values)), "EVIL_ENV": env_value},
+        "config": values,
+        "matrix": {"tag": [matrix_value]},
+        "job": {"name": "only", "config": {"tag": "{tag}"}},
+    }
+    (project / "plans" / "inj.yaml").write_text(yaml.safe_dump(doc, allow_unicode=True))
+    run_cli(
+        "submit", "--suite", "inj", "--gpu-plan", "1", "--backend", backend, cwd=project, env=FAKE, check=True
+    )
+    retry_until(lambda: states(gs_home, "inj")["only"] in ("succeeded", "failed"), timeout=60)
+    a = store(gs_home).attempts("inj/only")[-1]
+    assert states(gs_home, "inj")["only"] == "succeeded", (Path(a.dir) / "output.log").read_text()
+    seen = json.loads((Path(a.dir) / "seen.json").read_text())
+    assert seen == {"config": values, "env": env_value, "matrix": matrix_value}
+    assert list(pwn.iterdir()) == []  # nothing executed anywhere
+    assert not list(project.glob("*/subst")) and not (project / "subst").exists()
+
+
+BAD = [
+    ({"jobs": [{"name": "two words"}]}, [], "job name"),
+    ({"jobs": [{"name": "it's"}]}, [], "job name"),
+    ({"jobs": [{"name": "$(touch x)"}]}, [], "job name"),
+    ({"jobs": [{"name": "a;b"}]}, [], "job name"),
+    ({"jobs": [{"name": "line\nbreak"}]}, [], "job name"),
+    ({"jobs": [{"name": "ünï"}]}, [], "job name"),
+    ({"jobs": [{"name": "ok"}], "matrix": 5}, [], "matrix"),
+    ({"jobs": [{"name": "ok"}], "config": [1, 2]}, [], "config"),
+    ({"jobs": [{"name": "ok"}], "tiers": [{"name": "A", "exclusiv": True}]}, [], "exclusiv"),
+    ({"matrix": {f"v{i}": list(range(40)) for i in range(5)}}, [], "more than"),
+    ({"jobs": [{"name": "ok"}]}, ["--gpus", "0,x\ny"], "--gpus"),
+    ({"jobs": [{"name": "ok"}]}, ["--gpu-plan", "²"], "--gpu-plan"),
+    ({"jobs": [{"name": "ok"}]}, ["--gpu-plan", "1;rm -rf x"], "--gpu-plan"),
+    ({"jobs": [{"name": "ok"}]}, ["--only", "nope*"], "--only"),
+]
+
+
+@pytest.mark.parametrize(("doc", "flags", "needle"), BAD, ids=[n + str(i) for i, (_, _, n) in enumerate(BAD)])
+def test_bad_input_is_one_line_exit_2_and_nothing_enqueued(
+    gs_home: Path, project: Path, doc: dict[str, Any], flags: list[str], needle: str
+) -> None:
+    full = {"command": "python x.py --config {config}", **doc}
+    (project / "plans" / "bad.yaml").write_text(yaml.safe_dump(full, allow_unicode=True))
+    args = ["submit", "--suite", "bad", "--backend", "subprocess", *flags]
+    if "--gpu-plan" not in flags:
+        args += ["--gpu-plan", "1"]
+    r = run_cli(*args, cwd=project, env=FAKE)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert needle in lines[0], lines[0]
+    assert not (gs_home / "gpusched.db").exists() or store(gs_home).jobs() == []
