@@ -454,9 +454,14 @@ def cmd_wait(args: argparse.Namespace) -> int:
         names = [s.name for s in store.suites()]
         raise UsageError(f"--suite {args.suite}: no such suite{did_you_mean(args.suite, names)}")
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    checked = [float("-inf")]
 
     def counts() -> dict[str, int]:
-        return store.counts(suite=args.suite)
+        c = store.counts(suite=args.suite)
+        if (c["queued"] or c["running"]) and time.monotonic() - checked[0] >= 5:
+            checked[0] = time.monotonic()
+            _revive_daemon()  # waiting on a dead daemon would wait forever
+        return c
 
     c = counts()
     total = sum(c.values())
@@ -481,6 +486,17 @@ def cmd_wait(args: argparse.Namespace) -> int:
         return 124
     print(f"{done['succeeded']} succeeded, {done['failed']} failed, {done['cancelled']} cancelled")
     return 0 if done["failed"] == 0 and done["cancelled"] == 0 else 1
+
+
+def _revive_daemon() -> None:
+    """Start the daemon if none runs (it died, or the machine rebooted): it re-adopts the
+    jobs that still run and reaps those that ended meanwhile."""
+    from gpusched import daemon
+
+    home = _home()
+    if daemon.info(home) is None:
+        daemon.start(home, probe=_probe_spec(None))
+        print("gpusched: no daemon was running; started one (it re-adopts running jobs)", file=sys.stderr)
 
 
 def _wait_loop(counts, deadline, show) -> dict[str, int] | None:  # type: ignore[no-untyped-def]

@@ -340,3 +340,28 @@ def test_bad_input_is_one_line_exit_2_and_nothing_enqueued(
     assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert needle in lines[0], lines[0]
     assert not (gs_home / "gpusched.db").exists() or store(gs_home).jobs() == []
+
+
+def test_wait_brings_back_a_daemon_that_died(gs_home: Path, project: Path) -> None:
+    write_plan(project, "orphan", WAIT_FOR_GO, ["a", "b"])
+    run_cli(
+        "submit",
+        "--suite",
+        "orphan",
+        "--gpu-plan",
+        "1",
+        "--backend",
+        "subprocess",
+        cwd=project,
+        env=FAKE,
+        check=True,
+    )
+    retry_until(lambda: launches(project) == ["orphan/a"], timeout=30)
+    pid = daemon_pid(gs_home)
+    os.kill(pid, signal.SIGKILL)
+    retry_until(lambda: dead(pid), timeout=10)
+    (project / "go").touch()
+    w = run_cli("wait", "--suite", "orphan", "--quiet", "--timeout", "60", cwd=project, env=FAKE)
+    assert w.returncode == 0, w.stdout + w.stderr
+    assert "no daemon was running; started one" in w.stderr
+    assert launches(project) == ["orphan/a", "orphan/b"]
