@@ -116,6 +116,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--fake-gpus", help="same as --probe fake:SPEC")
     s.set_defaults(func=cmd_daemon)
 
+    s = sub.add_parser("simulate", help="replay a suite in the simulator (temporary queue, fake clock, GPUs)")
+    s.add_argument("--suite", required=True, help="plans/NAME.yaml (by NAME) or a path: its tiers and jobs")
+    s.add_argument("--gpu-plan", required=True, help="max concurrent jobs per GPU, e.g. 2,2,2,2,1,1,1")
+    s.add_argument("--gpus", help="GPU indices the plan refers to (default 0..n-1)")
+    s.add_argument("--fake-gpus", help="the simulated cards, e.g. 7x24GiB (default: 24 GiB each)")
+    s.add_argument("--trace", help='JSON/YAML: {"jobs": [{"name", "task", "peak_mib", "duration_s",'
+                   ' "ramp_s"} or with "tiers": [{"peak_mib", "duration_s", "ramp_s"}, ...]], "outsiders":'
+                   ' [{"gpu", "mib", "start_s", "end_s"}], "noise": 0.03} (default: a synthetic trace'
+                   ' of the suite jobs)')
+    s.add_argument("--policy", default="gpusched", help="gpusched (default), slots, ts, static, or all")
+    s.add_argument("--seed", type=int, default=0, help="noise of the runs (and of the synthetic trace)")
+    s.add_argument("--json", action="store_true", help="machine-readable results")
+    s.set_defaults(func=cmd_simulate)
+
     s = sub.add_parser("report", help="the morning after: a suite's jobs, GPUs, GPU-hours; CSV/JSON/timeline")
     s.add_argument("--suite", help="suite name (default: the most recently submitted)")
     s.add_argument("--csv", metavar="FILE", help="one row per attempt ('-': stdout)")
@@ -539,6 +553,46 @@ def cmd_drain(args: argparse.Namespace) -> int:
     daemon.wake(_home())
     print("launches resumed" if args.off else "draining: running jobs finish, nothing new starts (`gpusched drain --off` resumes)")
     return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """Replay ``--suite`` (its tiers, its job names and tasks) through the real scheduler in
+    :mod:`gpusched.sim`: a temporary store, never the user's queue."""
+    from gpusched import plan, sim
+    from gpusched.gpus.fake import parse_fake_spec
+
+    suite = plan.load_suite(args.suite, cwd=Path.cwd())
+    entries = len([e for e in args.gpu_plan.split(",") if e.strip()])
+    gpus = plan.parse_gpus(args.gpus, detected=None)
+    cards = f"{max(gpus or (entries - 1,)) + 1}x24GiB"
+    totals = parse_fake_spec(args.fake_gpus or cards, source="--fake-gpus")
+    gplan = plan.parse_gpu_plan(args.gpu_plan, gpus=gpus, detected=len(totals))
+    names = sim.POLICIES if args.policy == "all" else (args.policy,)
+    if any(n not in sim.POLICIES for n in names):
+        raise UsageError(f"--policy {args.policy}: use one of {', '.join(sim.POLICIES)}, or all")
+    trace = _trace(args, suite, sim)
+    results = [sim.simulate(trace, gplan, totals, policy=n, suite=suite, seed=args.seed) for n in names]
+    if args.json:
+        print(json.dumps([r.as_dict() for r in results]))
+        return 0
+    first = results[0]
+    print(f"{suite.name}: {first.jobs} jobs on {len(totals)} simulated GPUs, plan {gplan.as_text()}; "
+          f"lower bound {first.lower_bound_s / 3600:.2f} h")
+    print(sim.format_table(results))
+    return 0
+
+
+def _trace(args: argparse.Namespace, suite, sim):  # type: ignore[no-untyped-def]
+    if not args.trace:
+        jobs = [(j.name, j.task) for j in suite.jobs]
+        return sim.synthetic_trace(jobs, seed=args.seed, tiers=len(suite.tiers))
+    try:
+        trace = sim.load_trace(args.trace)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+        raise UsageError(f"--trace {args.trace}: not a trace ({e}); see `gpusched simulate --help`") from e
+    if not trace.jobs:
+        raise UsageError(f"--trace {args.trace}: no jobs; give a list under 'jobs:'")
+    return trace
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:

@@ -20,19 +20,19 @@ process trees of its attempts, host RAM) and acts on the answers.
   waiting for a whole card; the baselines get there only by crashing first).
 * :func:`choose_holds` -- a card kept free of new jobs so that a job waiting for memory gets
   it when the card's jobs end, instead of being starved by smaller jobs that keep refilling it.
-* :func:`unstick` -- never deadlock: when nothing runs and nothing fits, the first job runs at
-  its most conservative tier anyway, with a reason that says so.
+* :func:`unstick` -- never deadlock: when nothing of ours runs and nothing fits, the first job
+  runs at its most conservative tier anyway, with a reason that says so: at once when it fits
+  no card even empty, after a patience when other people's memory is what keeps it out.
 * :func:`host_wait` -- launches wait while available host RAM is low, and after a host OOM
   until it has recovered.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-
 import math
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from gpusched import placement
 from gpusched.model import MIB_PER_GIB, GpuState, Outcome, Placement
@@ -214,7 +214,9 @@ def fill_ladder(predicted: Sequence[Prediction], ratios: Mapping[int, float]) ->
 
 def rooms(gpus: Sequence[GpuState], outside_mib: Mapping[int, int], headroom_frac: float) -> dict[int, int]:
     """Card index -> what the card could give one job with none of ours on it: its total,
-    less headroom, less other people's processes. Cards of unknown size are left out."""
+    less headroom, less ``outside_mib`` (other people's processes; ``{}``: an empty card,
+    which is what "fits" means when choosing a tier -- an outsider is waited for, not
+    planned around). Cards of unknown size are left out."""
     return {
         g.index: g.total_mib - int(headroom_frac * g.total_mib) - outside_mib.get(g.index, 0)
         for g in gpus
@@ -257,8 +259,8 @@ def start_tier(
             p = predicted[t]
             if not _at(exclusive, t) and _at(learned, t) and p is not None and p <= share_mib:  # type: ignore[operator]
                 note = (
-                    f"tier {names[t]} instead of {names[tier]}: ~{gib(here)} at {names[tier]} is more than a slot's"
-                    f" share of a card ({gib(share_mib or 0)}); ~{gib(p)} at {names[t]} is not"
+                    f"tier {names[t]} instead of {names[tier]}: ~{gib(here)} at {names[tier]} is more than a"
+                    f" slot's share of a card ({gib(share_mib or 0)}); ~{gib(p)} at {names[t]} is not"
                 )
                 return Start(tier=t, predicted_mib=p, note=note)
     if room_mib is None or here is None or here <= room_mib:
@@ -355,7 +357,9 @@ def choose_holds(
 
 def _fits_empty(job: QueuedJob, gpu: int, room_mib: Mapping[int, int]) -> bool:
     room = room_mib.get(gpu)
-    return job.allowed.get(gpu, 0) > 0 and (job.predicted_mib is None or (room is not None and job.predicted_mib <= room))
+    return job.allowed.get(gpu, 0) > 0 and (
+        job.predicted_mib is None or (room is not None and job.predicted_mib <= room)
+    )
 
 
 def _hold_target(job: QueuedJob, views: Sequence[GpuSlotView], room_mib: Mapping[int, int]) -> int | None:
@@ -375,18 +379,34 @@ def held_views(views: Mapping[int, GpuSlotView], holds: Mapping[int, str]) -> di
 
 
 def unstick(
-    queued: Sequence[QueuedJob], views: Sequence[GpuSlotView], *, headroom_frac: float
+    queued: Sequence[QueuedJob],
+    views: Sequence[GpuSlotView],
+    *,
+    headroom_frac: float,
+    waited: Mapping[str, float] | None = None,
+    patience_s: float = 3600.0,
 ) -> Placement | None:
     """When nothing of ours runs and nothing was placed: the first job (in placement order)
     that memory keeps off every card runs anyway at the last tier of its ladder, on its
-    roomiest card, with a reason that says so. ``None`` when no job is stuck on memory."""
+    roomiest card, with a reason that says so -- at once when it would not fit even an empty
+    card (waiting cannot help), else once memory has kept it waiting ``patience_s`` (``waited``:
+    job id -> seconds; other people's processes may well leave, and an OOM at the last tier
+    fails the job for good). ``None`` when no job is stuck."""
+    waited = waited or {}
     for job in sorted(queued, key=placement.job_order):
         if not memory_bound(job, views, headroom_frac):
+            continue
+        never = memory_bound(job, [_emptied(g) for g in views], headroom_frac)
+        if not never and waited.get(job.job_id, 0.0) < patience_s:
             continue
         cards = [g for g in views if job.allowed.get(g.index, 0) > 0]
         best = min(cards, key=placement.rank_key)
         last = len(job.tiers) - 1
-        why = placement.wait_reason(job, views, {g.index: placement.veto(job, g, headroom_frac) for g in views}, headroom_frac)
+        why = placement.wait_reason(
+            job, views, {g.index: placement.veto(job, g, headroom_frac) for g in views}, headroom_frac
+        )
+        if not never:
+            why += f"; waited {waited.get(job.job_id, 0.0) / 60:.0f} min for memory others hold"
         name = job.tiers[last].name if job.tiers else "?"
         reason = (
             f"GPU {best.index}: nothing runs and nothing fits ({why}); started at the most conservative"
@@ -394,6 +414,12 @@ def unstick(
         )
         return Placement(job_id=job.job_id, gpu=best.index, tier=max(last, 0), reason=reason)
     return None
+
+
+def _emptied(g: GpuSlotView) -> GpuSlotView:
+    """``g`` with nothing on it (its free memory unknown stays unknown)."""
+    free = g.total_mib if g.free_mib is not None else None
+    return replace(g, free_mib=free, reserved_mib=0, running=0, exclusive_running=False, held_for=None)
 
 
 # --------------------------------------------------------------------------- host RAM
@@ -422,7 +448,9 @@ def host_min_mib(total_mib: int | None, limit: HostLimit) -> int:
     return min(floors) if floors else 0
 
 
-def host_wait(host: HostMemory, limit: HostLimit, *, oom_hold: tuple[float, str] | None, now: float) -> str | None:
+def host_wait(
+    host: HostMemory, limit: HostLimit, *, oom_hold: tuple[float, str] | None, now: float
+) -> str | None:
     """Why launches wait for host RAM now, or ``None``. ``oom_hold`` is (when, job id) of
     the last host OOM that is not yet known to have recovered."""
     floor = host_min_mib(host.total_mib, limit)
@@ -432,7 +460,10 @@ def host_wait(host: HostMemory, limit: HostLimit, *, oom_hold: tuple[float, str]
         need = int(floor * limit.recover_factor)
         if avail is None or avail < need or now - since < limit.hold_s:
             have = "unknown" if avail is None else gib(avail)
-            return f"held after a host OOM of {job_id}: waiting for host RAM to recover ({have} available, needs {gib(need)})"
+            return (
+                f"held after a host OOM of {job_id}: waiting for host RAM to recover"
+                f" ({have} available, needs {gib(need)})"
+            )
     if avail is not None and floor and avail < floor:
         return f"host RAM low: {gib(avail)} available, launches wait for {gib(floor)}"
     return None
@@ -459,4 +490,3 @@ def parse_host_min(text: str) -> HostLimit:
     if mib < 0 or not 0 <= frac < 1:
         raise ValueError(text)
     return HostLimit(min_mib=mib, min_frac=frac)
-

@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from gpusched import outcome, placement, predict
+from gpusched import memory, memwatch, outcome, placement, predict
 from gpusched.attempt import AttemptPaths, materialize
 from gpusched.errors import GpuschedError
 from gpusched.executors import Executor, Handle, LaunchRequest
@@ -39,11 +39,22 @@ log = logging.getLogger(__name__)
 @dataclass(kw_only=True)
 class Settings:
     headroom_frac: float = 0.10  # keep this share of every card free (seeds: 10-20 %)
-    ramp_s: float = 60.0  # a job launched this recently counts as holding its predicted peak
+    ramp_s: float = 60.0  # a job launched (or last grown) this recently counts as holding its predicted peak
+    release_s: float = 30.0  # an ended attempt's processes count as ours until gone, this long at most
+    pack_after_s: float = 600.0  # memory kept a job off every card this long: one tier down, if that fits now
+    hold_after_s: float = 1800.0  # ... this long, a card is kept free of new jobs for it
+    hold_frac: float = 0.3  # at most this share of the cards (at least one) kept free at once
+    unstick_after_s: float = 3600.0  # nothing of ours runs and others' memory keeps a job out this long: go
+    start_safer: bool = True  # start at the first tier whose predicted peak fits a card (memory.start_tier)
+    fit_share: bool = True  # ... and, once peaks are learned, fits a slot's share of it
+    host: memory.HostLimit = field(default_factory=memwatch.host_limit_from_env)  # launches wait below this
     cancel_grace_s: float = 10.0  # SIGTERM, then SIGKILL to the group after this long
     max_lost: int = 3
     wake_path: str | None = None  # FIFO the wrapper pokes when a job ends
     candidates: int = 256  # queued jobs considered per tick (keeps a tick cheap at 10k queued)
+
+
+AssignFn = Callable[..., placement.Decision]  # (queued, views, *, headroom_frac) -> Decision
 
 
 @dataclass(kw_only=True)
@@ -62,12 +73,22 @@ class Scheduler:
         *,
         settings: Settings | None = None,
         on_event: Callable[[str], None] | None = None,
+        process_trees: memwatch.TreesFn | None = None,
+        host_memory: memwatch.HostFn | None = None,
+        assign: AssignFn | None = None,
     ) -> None:
+        """``process_trees``, ``host_memory`` (defaults: the real process table and psutil)
+        and ``assign`` (default :func:`placement.assign`) are seams for the simulator."""
         self.store = store
         self.probe = probe
         self.executors = dict(executors)
         self.settings = settings or Settings()
         self.on_event = on_event or (lambda msg: log.info("%s", msg))
+        self.assign = assign or placement.assign
+        self.memory = memwatch.MemoryWatch(
+            store, trees=process_trees, host=host_memory, limit=self.settings.host,
+            ramp_s=self.settings.ramp_s, release_s=self.settings.release_s, on_event=self.on_event,
+        )
         self._suites: dict[str, tuple[float, SuiteRow]] = {}
         self._term_sent: dict[int, float] = {}
         self.last_snapshot: list[GpuState] = []
@@ -81,7 +102,8 @@ class Scheduler:
         self._stop_cancelled(live, now)
         gpus = self._snapshot() if snapshot is None else snapshot
         self.last_snapshot = gpus
-        self._place(live, gpus, now, report)
+        att = self.memory.measure(live, gpus, now)
+        self._place(live, gpus, att, now, report)
         return report
 
     def _snapshot(self) -> list[GpuState]:
@@ -145,6 +167,7 @@ class Scheduler:
         step = self._next_step(job, a, result, now)
         self.store.finish_attempt(a.id, exit=exit_rec, result=result, step=step, now=now)
         self._term_sent.pop(a.id, None)
+        self.memory.ended(a, result.outcome, now)
         self.on_event(f"{a.job_id}: attempt {a.n} ({a.tier_name}) {result.outcome.value} -> {step.reason}")
         return result.outcome
 
@@ -198,7 +221,10 @@ class Scheduler:
             self._suites[name] = (row["submitted_at"], s)
         return self._suites[name][1]
 
-    def _place(self, live: list[AttemptRow], gpus: list[GpuState], now: float, report: TickReport) -> None:
+    def _place(
+        self, live: list[AttemptRow], gpus: list[GpuState], att: memory.Attribution, now: float,
+        report: TickReport,
+    ) -> None:
         if self.store.flag("draining"):
             return  # `gpusched drain`: running jobs finish, nothing new starts
         queued = self._candidates(now)
@@ -210,14 +236,74 @@ class Scheduler:
             queued = [j for j in queued if self._backend(j) != "slurm"]
             if not queued:
                 return
-        views = self._views(live, gpus, now)
-        qjobs = [self._queued_view(j, gpus) for j in queued]
-        decision = placement.assign(qjobs, list(views.values()), headroom_frac=self.settings.headroom_frac)
+        host_wait = self.memory.host_wait(now)
+        if host_wait is not None:  # host RAM low, or not recovered from a host OOM
+            self.store.set_waits({j.id: host_wait for j in queued})
+            report.waiting = len(queued)
+            return
+        headroom = self.settings.headroom_frac
+        empty = memory.rooms(gpus, {}, headroom)  # a card with nothing on it: what "fits" means for tiers
+        room = memory.rooms(gpus, att.outside_mib, headroom)  # ... and with other people's processes
+        demand = memwatch.demands(
+            self.store, queued, self._suite, gpus, empty, headroom_frac=headroom,
+            start_safer=self.settings.start_safer, fit_share=self.settings.fit_share,
+        )
+        base = self._views(live, gpus, att, now)
+        if not live:
+            self.memory.holds.clear()  # nothing to drain: an empty card is free for all
+        views = list(memory.held_views(base, self.memory.holds).values())
+        waited = self.memory.waited_on_memory(demand, views, now, headroom)
+        demand = memwatch.pack(
+            demand, waited, views, after_s=self.settings.pack_after_s, headroom_frac=headroom
+        )
+        qjobs = [d.view for d in demand.values()]
+        decision = self.assign(qjobs, views, headroom_frac=headroom)
+        placements, waits = list(decision.placements), {w.job_id: w.reason for w in decision.waits}
+        if not placements and not live and not self.memory.releasing:
+            forced = memory.unstick(  # never deadlock
+                qjobs, views, headroom_frac=headroom, waited=waited, patience_s=self.settings.unstick_after_s
+            )
+            if forced is not None:
+                placements.append(forced)
+                waits.pop(forced.job_id, None)
         by_id = {j.id: j for j in queued}
-        for p in decision.placements:
-            self._launch(by_id[p.job_id], p, gpus, now, report)
-        self.store.set_waits({w.job_id: w.reason for w in decision.waits})
-        report.waiting = len(decision.waits)
+        for p in placements:
+            d = demand[p.job_id]
+            reason = f"{d.note}; {p.reason}" if d.note and p.tier == d.view.tier else p.reason
+            pred = d.prediction(p.tier)
+            self._launch(by_id[p.job_id], replace(p, reason=reason), gpus, now, report, pred=pred)
+        self._hold(demand, waited, waits, list(base.values()), room)
+        self.store.set_waits(waits)
+        report.waiting = len(waits)
+
+    def _hold(
+        self,
+        demand: Mapping[str, memwatch.Demand],
+        waited: Mapping[str, float],
+        waits: dict[str, str],
+        views: Sequence[placement.GpuSlotView],
+        room: Mapping[int, int],
+    ) -> None:
+        """Keep a card free for a job that memory has kept waiting too long (the card's jobs
+        end, nothing new lands there, the job gets it); add the why to the waits."""
+        waiting = sorted(
+            ((demand[j].view, waited[j]) for j in waits if j in demand),
+            key=lambda w: placement.job_order(w[0]),
+        )
+        old = dict(self.memory.holds)
+        self.memory.holds = memory.choose_holds(
+            waiting, views, room, current=old, hold_after_s=self.settings.hold_after_s,
+            max_holds=max(1, int(self.settings.hold_frac * len(views))),
+            headroom_frac=self.settings.headroom_frac,
+        )
+        for gpu, job_id in self.memory.holds.items():
+            if old.get(gpu) != job_id:
+                self.on_event(f"{job_id}: GPU {gpu} kept free for it (it waits for memory)")
+        for job_id, why in list(waits.items()):
+            note = demand[job_id].note if job_id in demand else None
+            held = [g for g, j in self.memory.holds.items() if j == job_id]
+            suffix = f"; GPU {held[0]} is kept free for it" if held else ""
+            waits[job_id] = f"{note}; {why}{suffix}" if note else f"{why}{suffix}"
 
     def _backend(self, job: JobRow) -> str | None:
         suite = self._suite(job.suite)
@@ -249,13 +335,12 @@ class Scheduler:
         ).fetchall()
         return [JobRow.from_row(r) for r in rows]
 
-    def _views(self, live: list[AttemptRow], gpus: list[GpuState], now: float) -> dict[int, placement.GpuSlotView]:
+    def _views(
+        self, live: list[AttemptRow], gpus: list[GpuState], att: memory.Attribution, now: float
+    ) -> dict[int, placement.GpuSlotView]:
         running = Counter(a.gpu for a in live if a.gpu is not None)
         exclusive = {a.gpu for a in live if a.gpu is not None and self._is_exclusive(a)}
-        reserved: Counter[int] = Counter()
-        for a in live:
-            if a.gpu is not None and a.predicted_mib and now - a.launched_at < self.settings.ramp_s:
-                reserved[a.gpu] += a.predicted_mib
+        reserved = self.memory.reserved(live, att, now)
         known = {g.index: g for g in gpus}
         indices = set(known) | {g for s in self._active_suites() for g in s.gpu_plan.gpus}
         return {
@@ -297,20 +382,14 @@ class Scheduler:
             avoid_gpu=job.avoid_gpu,
         )
 
-    def _predict(self, job: JobRow, suite: SuiteRow, gpus: list[GpuState]) -> predict.Prediction:
-        totals = [g.total_mib for g in gpus if g.index in suite.gpu_plan.gpus and g.total_mib]
-        default = None
-        if totals:
-            slots = max(1, max(suite.gpu_plan.slots))
-            default = int(min(totals) / slots * (1 - self.settings.headroom_frac))
-        samples = [
-            predict.PeakSample(job_id=r["job_id"], task=r["task"], tier=r["tier"], peak_mib=r["peak_mib"], outcome=r["outcome"])
-            for r in self.store.peak_history([job.task])
-        ]
-        return predict.predict_peak(job.task, job.id, job.tier, samples, default_mib=default)
+    def _predict(self, job: JobRow, suite: SuiteRow, gpus: list[GpuState], tier: int) -> predict.Prediction:
+        default = memwatch.default_mib(suite, gpus, self.settings.headroom_frac)
+        samples = memwatch.history(self.store, [job.task]).get(job.task, [])
+        return predict.predict_peak(job.task, job.id, tier, samples, default_mib=default)
 
     def _launch(
-        self, job: JobRow, p, gpus: list[GpuState], now: float, report: TickReport  # type: ignore[no-untyped-def]
+        self, job: JobRow, p: Placement, gpus: list[GpuState], now: float, report: TickReport,
+        pred: predict.Prediction | None = None,
     ) -> None:
         suite_row = self._suite(job.suite)
         assert suite_row is not None
@@ -319,7 +398,7 @@ class Scheduler:
         paths = AttemptPaths.for_attempt(suite.logs_dir, job.name, job.attempts + 1, tier.name)
         gpu = next((g for g in gpus if g.index == p.gpu), None)
         token = uuid.uuid4().hex[:16]
-        pred = self._predict(job, suite_row, gpus)
+        pred = pred or self._predict(job, suite_row, gpus, p.tier)
         new = NewAttempt(
             job_id=job.id,
             tier=p.tier,

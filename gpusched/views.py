@@ -12,8 +12,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from gpusched import memory, memwatch
 from gpusched.attempt import AttemptPaths
 from gpusched.model import GpuState, JobState
+from gpusched.placement import DEFAULT_HEADROOM_FRAC
 from gpusched.store import AttemptRow, JobRow, Store, SuiteRow
 
 MAX_TABLE_JOBS = 200
@@ -72,8 +74,11 @@ def status_doc(
     notice: str | None = None,
     now: float | None = None,
     job_limit: int | None = None,
+    trees: memwatch.TreesFn | None = None,
+    host: memory.HostMemory | None = None,
 ) -> dict[str, Any]:
-    """The whole status as plain data. Keys of ``gpus`` and ``jobs`` entries are stable."""
+    """The whole status as plain data. Keys of ``gpus`` and ``jobs`` entries are stable.
+    ``trees`` and ``host`` replace the real process table and host RAM (tests)."""
     now = time.time() if now is None else now
     suites = {s.name: s for s in store.suites()}
     jobs = store.jobs(suite=suite, limit=job_limit)
@@ -86,7 +91,7 @@ def status_doc(
         if s.name in active:
             for g, n in zip(s.gpu_plan.gpus, s.gpu_plan.slots, strict=True):
                 slots[g] = max(slots.get(g, 0), n)
-    ours = {h.get("pid") for a in live for h in [a.handle or {}] if h.get("pid")}
+    att = attribution(gpus, live, trees)
     gdocs = []
     indices = sorted({g.index for g in gpus} | set(slots))
     by_index = {g.index: g for g in gpus}
@@ -103,9 +108,8 @@ def status_doc(
                 "util_pct": g.util_pct if g else None,
                 "slots": slots.get(i, 0),
                 "running": running_on[i],
-                "processes": [
-                    {"pid": p.pid, "used_mib": p.used_mib, "ours": p.pid in ours} for p in (g.processes if g else ())
-                ],
+                "outside_mib": att.outside_mib.get(i, 0) if g else None,  # held by processes not ours
+                "processes": [_process_doc(att, i, p.pid, p.used_mib) for p in (g.processes if g else ())],
             }
         )
     jdocs = []
@@ -114,14 +118,80 @@ def status_doc(
         name, n = tier_names(suites, j)
         d["tier"] = name
         d["tiers"] = n
+        d["start_tier"] = None
         jdocs.append(d)
+    _queued_predictions(store, jobs, jdocs, suites, gpus, att)
     return {
         "daemon": daemon,
         "notice": notice,
         "counts": store.counts(suite=suite),
         "draining": bool(store.flag("draining")),
+        "host": host_doc(store, host, now=now),
         "gpus": gdocs,
         "jobs": jdocs,
+    }
+
+
+def attribution(
+    gpus: list[GpuState], live: list[AttemptRow], trees: memwatch.TreesFn | None
+) -> memory.Attribution:
+    """Which GPU processes belong to which running job: its wrapper and everything below it."""
+    if not any(g.processes for g in gpus):
+        return memory.attribute(gpus, [])
+    pids = (trees or memwatch.attempt_trees)(live)
+    trees_of = [
+        memory.Tree(attempt_id=a.id, job_id=a.job_id, gpu=a.gpu,
+                    pids=_wrapper(a) | pids.get(a.id, frozenset()))
+        for a in live
+    ]
+    return memory.attribute(gpus, trees_of)
+
+
+def _wrapper(a: AttemptRow) -> frozenset[int]:
+    pid = (a.handle or {}).get("pid")
+    return frozenset({int(pid)}) if pid else frozenset()
+
+
+def _process_doc(att: memory.Attribution, gpu: int, pid: int, used_mib: int | None) -> dict[str, Any]:
+    owner = att.owner(gpu, pid)
+    job = owner.job_id if owner else None
+    return {"pid": pid, "used_mib": used_mib, "ours": owner is not None, "job": job}
+
+
+def _queued_predictions(
+    store: Store,
+    jobs: list[JobRow],
+    jdocs: list[dict[str, Any]],
+    suites: dict[str, SuiteRow],
+    gpus: list[GpuState],
+    att: memory.Attribution,
+) -> None:
+    """Queued jobs get the prediction (and start tier) the scheduler would place them with."""
+    queued = [j for j in jobs if j.state is JobState.QUEUED]
+    if not queued:
+        return
+    empty = memory.rooms(gpus, {}, DEFAULT_HEADROOM_FRAC)
+    demand = memwatch.demands(store, queued, suites.get, gpus, empty, headroom_frac=DEFAULT_HEADROOM_FRAC)
+    for d in jdocs:
+        dm = demand.get(d["id"])
+        if dm is None:
+            continue
+        pred = dm.prediction()
+        d["predicted_mib"], d["prediction_source"] = pred.mib, pred.source
+        d["start_tier"] = dm.view.tiers[dm.view.tier].name
+
+
+def host_doc(store: Store, host: memory.HostMemory | None, *, now: float) -> dict[str, Any]:
+    """Host RAM as launches see it: available, the minimum, and why launches wait (or None)."""
+    host = host or memwatch.host_memory()
+    limit = memwatch.host_limit_from_env()
+    hold = memwatch.host_hold(store)
+    return {
+        "available_mib": host.available_mib,
+        "total_mib": host.total_mib,
+        "min_available_mib": memory.host_min_mib(host.total_mib, limit),
+        "held_after_oom_of": hold[1] if hold else None,
+        "wait": memory.host_wait(host, limit, oom_hold=hold, now=now),
     }
 
 
@@ -158,6 +228,8 @@ def render_status(doc: dict[str, Any], *, max_jobs: int = MAX_TABLE_JOBS) -> Any
     parts.append(head)
     if doc.get("notice"):
         parts.append(Text(doc["notice"], style="dim"))
+    if (doc.get("host") or {}).get("wait"):
+        parts.append(Text(f"launches wait: {doc['host']['wait']}", style="bold yellow"))
     if doc["gpus"]:
         gt = Table(title="GPUs", title_justify="left", expand=False)
         for col in ("GPU", "memory used / total GiB", "free GiB", "util", "slots", "outside processes"):
@@ -175,7 +247,8 @@ def render_status(doc: dict[str, Any], *, max_jobs: int = MAX_TABLE_JOBS) -> Any
         parts.append(gt)
     jobs = doc["jobs"]
     jt = Table(title=f"Jobs ({len(jobs)})", title_justify="left")
-    for col in ("job", "state", "GPU", "tier", "attempt", "runtime", "outcome / why / last line"):
+    cols = ("job", "state", "GPU", "tier", "attempt", "runtime", "memory GiB", "outcome / why / last line")
+    for col in cols:
         jt.add_column(col, overflow="fold")
     shown = _pick_rows(jobs, max_jobs)
     for j in shown:
@@ -189,12 +262,26 @@ def render_status(doc: dict[str, Any], *, max_jobs: int = MAX_TABLE_JOBS) -> Any
             f"{j['tier']} ({j['tier_index'] + 1}/{j['tiers']})" if j.get("tiers", 1) > 1 else f"{j['tier']}",
             f"{j['attempt']}" if j["attempt"] else "",
             _dur(j.get("runtime_s")),
+            memory_cell(j),
             Text((f"[{j['outcome']}] " if j.get("outcome") and j["state"] != "running" else "") + (why or "")),
         )
     parts.append(jt)
     if len(shown) < len(jobs):
         parts.append(Text(f"... {len(jobs) - len(shown)} more jobs (use --json or --suite)", style="dim"))
     return Group(*parts)
+
+
+def memory_cell(j: dict[str, Any]) -> str:
+    """``"~9.0 task"`` (queued: the prediction and its source), ``"8.1/~9.0 task"`` (running:
+    peak so far / prediction), ``"8.1"`` (ended: its peak)."""
+    pred, peak = j.get("predicted_mib"), j.get("peak_mib")
+    guess = f"~{gib(pred)} {j.get('prediction_source') or ''}".strip() if pred is not None else ""
+    if j["state"] == "queued":
+        start = j.get("start_tier")
+        return guess + (f" at {start}" if start and start != j.get("tier") else "")
+    if j["state"] == "running":
+        return f"{gib(peak)}/{guess}" if peak is not None and guess else guess
+    return gib(peak) if peak is not None else ""
 
 
 def _pick_rows(jobs: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:

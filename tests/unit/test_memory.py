@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpusched import memory
-from gpusched.memory import HostLimit, HostMemory, Holding, Tree
+from gpusched.memory import Holding, HostLimit, HostMemory, Tree
 from gpusched.model import GpuProcess, GpuState, Outcome, Tier
 from gpusched.placement import GpuSlotView, QueuedJob, assign
 from gpusched.predict import PeakSample, Prediction
@@ -15,7 +15,9 @@ GIB = 1024
 TIERS = (Tier(name="A"), Tier(name="B"), Tier(name="C"), Tier(name="D", exclusive=True))
 
 
-def card(index: int, used: float = 0, total: float = 24, procs: tuple[tuple[int, float], ...] = ()) -> GpuState:
+def card(
+    index: int, used: float = 0, total: float = 24, procs: tuple[tuple[int, float], ...] = ()
+) -> GpuState:
     return GpuState(
         index=index,
         total_mib=int(total * GIB),
@@ -25,15 +27,27 @@ def card(index: int, used: float = 0, total: float = 24, procs: tuple[tuple[int,
     )
 
 
-def view(index: int, free: float = 24, running: int = 0, total: float = 24, reserved: float = 0) -> GpuSlotView:
+def view(
+    index: int, free: float = 24, running: int = 0, total: float = 24, reserved: float = 0
+) -> GpuSlotView:
     return GpuSlotView(
-        index=index, running=running, free_mib=int(free * GIB), total_mib=int(total * GIB), reserved_mib=int(reserved * GIB)
+        index=index,
+        running=running,
+        free_mib=int(free * GIB),
+        total_mib=int(total * GIB),
+        reserved_mib=int(reserved * GIB),
     )
 
 
-def job(pred: float | None, tier: int = 0, allowed: dict[int, int] | None = None, name: str = "j") -> QueuedJob:
+def job(
+    pred: float | None, tier: int = 0, allowed: dict[int, int] | None = None, name: str = "j"
+) -> QueuedJob:
     return QueuedJob(
-        job_id=name, seq=1, tier=tier, tiers=TIERS, allowed=allowed or {0: 2, 1: 2},
+        job_id=name,
+        seq=1,
+        tier=tier,
+        tiers=TIERS,
+        allowed=allowed or {0: 2, 1: 2},
         predicted_mib=None if pred is None else int(pred * GIB),
     )
 
@@ -74,14 +88,22 @@ def test_a_card_where_our_job_shows_no_process_counts_no_outside_memory() -> Non
     [
         (Holding(predicted_mib=10 * GIB, learned=False, used_mib=None, ramping=True), 10 * GIB),
         (Holding(predicted_mib=10 * GIB, learned=False, used_mib=4 * GIB, ramping=True), 6 * GIB),
-        (Holding(predicted_mib=10 * GIB, learned=False, used_mib=4 * GIB, ramping=False), 0),  # a default is a guess
-        (Holding(predicted_mib=10 * GIB, learned=True, used_mib=8 * GIB, ramping=False), 2 * GIB),  # will grow back
+        (
+            Holding(predicted_mib=10 * GIB, learned=False, used_mib=4 * GIB, ramping=False),
+            0,
+        ),  # a default is a guess
+        (
+            Holding(predicted_mib=10 * GIB, learned=True, used_mib=8 * GIB, ramping=False),
+            2 * GIB,
+        ),  # will grow back
         (Holding(predicted_mib=10 * GIB, learned=True, used_mib=None, ramping=False), 0),
         (Holding(predicted_mib=10 * GIB, learned=True, used_mib=12 * GIB, ramping=True), 0),
         (Holding(predicted_mib=None, learned=False, used_mib=None, ramping=True), 0),
     ],
 )
-def test_reservation_is_the_rest_of_the_predicted_peak_while_it_can_still_come(holding: Holding, reserved: int) -> None:
+def test_reservation_is_the_rest_of_the_predicted_peak_while_it_can_still_come(
+    holding: Holding, reserved: int
+) -> None:
     assert memory.reserved_mib(holding) == reserved
 
 
@@ -100,8 +122,16 @@ def sample(task: str, tier: int, peak: float, outcome: Outcome = Outcome.OK, job
 
 def test_ladder_ratio_is_the_largest_measured_between_two_tiers_and_at_most_one() -> None:
     ratios = memory.ladder_ratios(
-        [sample("qnli", 0, 14), sample("qnli", 1, 9), sample("mnli", 0, 12), sample("mnli", 1, 9),
-         sample("boolq", 0, 22, Outcome.OOM), sample("boolq", 1, 15), sample("rte", 1, 8), sample("rte", 2, 9)],
+        [
+            sample("qnli", 0, 14),
+            sample("qnli", 1, 9),
+            sample("mnli", 0, 12),
+            sample("mnli", 1, 9),
+            sample("boolq", 0, 22, Outcome.OOM),
+            sample("boolq", 1, 15),
+            sample("rte", 1, 8),
+            sample("rte", 2, 9),
+        ],
         tiers=4,
     )
     assert ratios[1] == pytest.approx(0.75)  # mnli's 9/12 beats qnli's 9/14 and boolq's 15/22
@@ -109,8 +139,11 @@ def test_ladder_ratio_is_the_largest_measured_between_two_tiers_and_at_most_one(
 
 
 def test_fill_ladder_scales_a_learned_peak_down_and_otherwise_only_caps_the_guess() -> None:
-    preds = [Prediction(mib=14 * GIB, source="task"), Prediction(mib=11 * GIB, source="default"),
-             Prediction(mib=11 * GIB, source="default")]
+    preds = [
+        Prediction(mib=14 * GIB, source="task"),
+        Prediction(mib=11 * GIB, source="default"),
+        Prediction(mib=11 * GIB, source="default"),
+    ]
     scaled = memory.fill_ladder(preds, {1: 0.6})
     assert scaled[1] == Prediction(mib=int(14 * GIB * 0.6) + 1, source="ladder")
     assert scaled[2].source == "default" and scaled[2].mib == scaled[1].mib  # capped, still a guess
@@ -141,11 +174,20 @@ def test_when_no_tier_fits_it_runs_at_the_last_one_alone_on_the_roomiest_card() 
 
 def test_a_learned_peak_over_a_slots_share_starts_one_tier_down_when_that_is_learned_too() -> None:
     preds = [14 * GIB, 9 * GIB, 7 * GIB, 5 * GIB]
-    start = memory.start_tier(preds, 0, "ABCD", 21 * GIB, share_mib=10 * GIB, learned=[True, True, False, False],
-                              exclusive=[False, False, False, True])
+    start = memory.start_tier(
+        preds,
+        0,
+        "ABCD",
+        21 * GIB,
+        share_mib=10 * GIB,
+        learned=[True, True, False, False],
+        exclusive=[False, False, False, True],
+    )
     assert start.tier == 1 and "share" in (start.note or "")
     # a guess at B is no reason to slow the job down
-    guess = memory.start_tier(preds, 0, "ABCD", 21 * GIB, share_mib=10 * GIB, learned=[True, False, False, False])
+    guess = memory.start_tier(
+        preds, 0, "ABCD", 21 * GIB, share_mib=10 * GIB, learned=[True, False, False, False]
+    )
     assert guess.tier == 0
 
 
@@ -158,30 +200,63 @@ def test_pack_down_takes_the_next_tier_when_it_fits_now_and_never_an_exclusive_o
     assert lower is not None and (lower.tier, lower.predicted_mib) == (1, 9 * GIB)
     assert memory.pack_down(job(14), [14 * GIB, 11 * GIB, 6 * GIB, 4 * GIB], views, headroom_frac=0.1) is None
     at_c = job(9, tier=2)
-    assert memory.pack_down(at_c, [14 * GIB, 11 * GIB, 12 * GIB, 4 * GIB], views, headroom_frac=0.1) is None  # D: exclusive
-    assert memory.pack_down(job(5), [5 * GIB, 3 * GIB, 2 * GIB, 1 * GIB], views, headroom_frac=0.1) is None  # not waiting
+    assert (
+        memory.pack_down(at_c, [14 * GIB, 11 * GIB, 12 * GIB, 4 * GIB], views, headroom_frac=0.1) is None
+    )  # D: exclusive
+    assert (
+        memory.pack_down(job(5), [5 * GIB, 3 * GIB, 2 * GIB, 1 * GIB], views, headroom_frac=0.1) is None
+    )  # not waiting
 
 
 def test_a_job_memory_kept_waiting_long_gets_a_card_kept_free_and_nothing_else_lands_there() -> None:
     views = [view(0, free=10, running=1), view(1, free=2, running=1)]
     big, small = job(16, name="big"), job(4, name="small")
     room = {0: 21 * GIB, 1: 21 * GIB}
-    assert memory.choose_holds([(big, 60)], views, room, current={}, hold_after_s=300, max_holds=1, headroom_frac=0.1) == {}
-    holds = memory.choose_holds([(big, 600)], views, room, current={}, hold_after_s=300, max_holds=1, headroom_frac=0.1)
+    assert (
+        memory.choose_holds(
+            [(big, 60)], views, room, current={}, hold_after_s=300, max_holds=1, headroom_frac=0.1
+        )
+        == {}
+    )
+    holds = memory.choose_holds(
+        [(big, 600)], views, room, current={}, hold_after_s=300, max_holds=1, headroom_frac=0.1
+    )
     assert holds == {0: "big"}
-    decision = assign([small], list(memory.held_views({v.index: v for v in views}, holds).values()), headroom_frac=0.1)
+    decision = assign(
+        [small], list(memory.held_views({v.index: v for v in views}, holds).values()), headroom_frac=0.1
+    )
     assert not decision.placements and "kept free for big" in decision.waits[0].reason
     # kept while the job waits, dropped once it is placed (no longer waiting)
-    assert memory.choose_holds([(big, 700)], views, room, current=holds, hold_after_s=300, max_holds=1, headroom_frac=0.1) == holds
-    assert memory.choose_holds([], views, room, current=holds, hold_after_s=300, max_holds=1, headroom_frac=0.1) == {}
+    assert (
+        memory.choose_holds(
+            [(big, 700)], views, room, current=holds, hold_after_s=300, max_holds=1, headroom_frac=0.1
+        )
+        == holds
+    )
+    assert (
+        memory.choose_holds([], views, room, current=holds, hold_after_s=300, max_holds=1, headroom_frac=0.1)
+        == {}
+    )
 
 
-def test_unstick_runs_the_first_stuck_job_at_its_last_tier_and_says_why() -> None:
-    views = [view(0, free=8), view(1, free=6)]  # outsiders hold the rest; nothing of ours runs
-    placed = memory.unstick([job(14, name="j1")], views, headroom_frac=0.1)
+def test_unstick_runs_a_job_that_fits_no_empty_card_at_its_last_tier_at_once() -> None:
+    views = [view(0, free=20), view(1, free=20)]  # nothing of ours runs
+    placed = memory.unstick([job(30, name="j1")], views, headroom_frac=0.1)
     assert placed is not None and placed.tier == 3 and placed.gpu == 0
     assert "nothing runs and nothing fits" in placed.reason and "tier D" in placed.reason
     assert memory.unstick([job(4)], views, headroom_frac=0.1) is None  # it fits: not stuck
+
+
+def test_unstick_waits_for_other_peoples_memory_for_a_while_first() -> None:
+    views = [view(0, free=8), view(1, free=6)]  # outsiders hold the rest
+    assert (
+        memory.unstick([job(14, name="j")], views, headroom_frac=0.1, waited={"j": 600}, patience_s=3600)
+        is None
+    )
+    placed = memory.unstick(
+        [job(14, name="j")], views, headroom_frac=0.1, waited={"j": 3600}, patience_s=3600
+    )
+    assert placed is not None and placed.tier == 3 and "waited 60 min for memory others hold" in placed.reason
 
 
 # --------------------------------------------------------------------------- host RAM
@@ -206,8 +281,12 @@ def test_launches_wait_while_host_ram_is_low_and_after_a_host_oom_until_it_recov
 
 @pytest.mark.parametrize(
     ("text", "limit"),
-    [("4GiB", HostLimit(min_mib=4 * GIB, min_frac=0)), ("10%", HostLimit(min_mib=0, min_frac=0.1)),
-     ("2048MiB,5%", HostLimit(min_mib=2048, min_frac=0.05)), ("0", HostLimit(min_mib=0, min_frac=0))],
+    [
+        ("4GiB", HostLimit(min_mib=4 * GIB, min_frac=0)),
+        ("10%", HostLimit(min_mib=0, min_frac=0.1)),
+        ("2048MiB,5%", HostLimit(min_mib=2048, min_frac=0.05)),
+        ("0", HostLimit(min_mib=0, min_frac=0)),
+    ],
 )
 def test_host_minimum_parses(text: str, limit: HostLimit) -> None:
     assert memory.parse_host_min(text) == limit

@@ -1,0 +1,427 @@
+"""What the scheduler remembers of memory from one tick to the next, and the reads behind it.
+
+The decisions are pure functions in :mod:`gpusched.memory`; :class:`MemoryWatch` gathers
+their inputs -- the process trees of running attempts (one scan of the process table per
+tick, and only when the probe lists GPU processes at all), host RAM, the store's peak
+history -- and keeps what a single snapshot cannot tell: each attempt's peak so far and when
+it last grew, the processes of attempts that just ended, the cards kept free for waiting
+jobs, and a host OOM not yet recovered from (a store flag, so ``status`` sees it too).
+
+:func:`demands` turns queued jobs into what placement needs (start tier and predicted peak);
+the scheduler and ``status`` both call it, so both show the same prediction.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpusched import memory, placement, predict
+from gpusched.model import GpuState, Outcome
+from gpusched.store import AttemptRow, JobRow, Store, SuiteRow
+
+log = logging.getLogger(__name__)
+
+HOST_MIN_ENV = "GPUSCHED_HOST_MIN_FREE"  # e.g. "4GiB", "10%", "4GiB,10%", "0" (off)
+HOST_OOM_FLAG = "host_oom"  # store flag: [when, job id] of a host OOM not yet recovered from
+LEARNED_SOURCES = memory.LEARNED
+#: What a card may hold that is nobody's job (driver, display server), left out of the default
+#: prediction so that a 1-slot plan's default still fits a card with an X server on it.
+CARD_ALLOWANCE_MIB = 1024
+
+TreesFn = Callable[[Sequence[AttemptRow]], Mapping[int, frozenset[int]]]
+HostFn = Callable[[], memory.HostMemory]
+
+
+# --------------------------------------------------------------------------- real reads
+
+
+def attempt_trees(attempts: Sequence[AttemptRow]) -> dict[int, frozenset[int]]:
+    """attempt id -> its wrapper's pid and every process below it (attempts whose wrapper
+    pid is unknown, e.g. on Slurm, or gone are left out). Never raises."""
+    from gpusched import proc
+    from gpusched.attempt import AttemptPaths
+
+    roots: dict[int, int] = {}
+    for a in attempts:
+        pid = (a.handle or {}).get("pid")
+        if not pid:
+            recorded = AttemptPaths(Path(a.dir)).read_pid()
+            pid = recorded[0] if recorded else None
+        if pid:
+            roots[a.id] = int(pid)
+    if not roots:
+        return {}
+    try:
+        trees = proc.process_trees(set(roots.values()))
+    except Exception:  # a process table we cannot read: attribute nothing this tick
+        log.exception("could not read the process table")
+        return {}
+    return {aid: trees[pid] for aid, pid in roots.items() if pid in trees}
+
+
+def host_memory() -> memory.HostMemory:
+    """Available and total host RAM (psutil); unknown values are None."""
+    try:
+        import psutil
+
+        vm = psutil.virtual_memory()
+        return memory.HostMemory(available_mib=int(vm.available) >> 20, total_mib=int(vm.total) >> 20)
+    except Exception:
+        return memory.HostMemory(available_mib=None, total_mib=None)
+
+
+def host_limit_from_env() -> memory.HostLimit:
+    """``GPUSCHED_HOST_MIN_FREE`` (``4GiB``, ``10%``, ``4GiB,10%``, ``0``), else the default."""
+    raw = os.environ.get(HOST_MIN_ENV, "").strip()
+    if not raw:
+        return memory.HostLimit()
+    try:
+        return memory.parse_host_min(raw)
+    except ValueError:
+        log.warning("%s=%r is not like 4GiB, 10%% or 0; using the default", HOST_MIN_ENV, raw)
+        return memory.HostLimit()
+
+
+def host_hold(store: Store) -> tuple[float, str] | None:
+    raw = store.flag(HOST_OOM_FLAG)
+    try:
+        since, job_id = json.loads(raw) if raw else (None, None)
+        return (float(since), str(job_id)) if since is not None else None
+    except (ValueError, TypeError):
+        return None
+
+
+# --------------------------------------------------------------------------- demands
+
+
+@dataclass(frozen=True, kw_only=True)
+class Demand:
+    """A queued job as placement sees it, with the predictions behind it."""
+
+    view: placement.QueuedJob  # at its start tier, with the predicted peak placed with
+    predictions: tuple[predict.Prediction, ...]  # one per tier of its ladder
+    note: str | None = None  # why it starts at another tier than its own
+
+    def prediction(self, tier: int | None = None) -> predict.Prediction:
+        """The prediction at ``tier`` (default: its start tier, as placed)."""
+        if tier is None or tier == self.view.tier:
+            return predict.Prediction(
+                mib=self.view.predicted_mib, source=self.predictions[self.view.tier].source
+            )
+        return self.predictions[tier]
+
+
+def default_mib(suite: SuiteRow, gpus: Sequence[GpuState], headroom_frac: float) -> int | None:
+    """The prediction without history: a slot's share of the smallest planned card, after
+    headroom and :data:`CARD_ALLOWANCE_MIB`."""
+    totals = [g.total_mib for g in gpus if g.index in suite.gpu_plan.gpus and g.total_mib]
+    if not totals:
+        return None
+    slots = max(1, max(suite.gpu_plan.slots))
+    usable = int(min(totals) * (1 - headroom_frac)) - CARD_ALLOWANCE_MIB
+    return max(1, usable // slots)
+
+
+def history(store: Store, tasks: Sequence[str]) -> dict[str, list[predict.PeakSample]]:
+    """Peak samples of ended attempts, by task (one query for all of them)."""
+    out: dict[str, list[predict.PeakSample]] = defaultdict(list)
+    for r in store.peak_history(tasks):
+        out[r["task"]].append(
+            predict.PeakSample(
+                job_id=r["job_id"],
+                task=r["task"],
+                tier=r["tier"],
+                peak_mib=r["peak_mib"],
+                outcome=r["outcome"],
+            )
+        )
+    return out
+
+
+def demands(
+    store: Store,
+    jobs: Sequence[JobRow],
+    suite_of: Callable[[str], SuiteRow | None],
+    gpus: Sequence[GpuState],
+    room_mib: Mapping[int, int],
+    *,
+    headroom_frac: float,
+    start_safer: bool = True,
+    fit_share: bool = True,
+) -> dict[str, Demand]:
+    """job id -> :class:`Demand` for every job whose suite is known."""
+    suites = sorted({j.suite for j in jobs})
+    tasks = {
+        r["task"]
+        for r in store.db.execute(
+            f"SELECT DISTINCT task FROM jobs WHERE suite IN ({','.join('?' * len(suites))})", suites
+        )
+    }
+    samples = history(store, sorted(tasks | {j.task for j in jobs}))
+    ratios: dict[str, dict[int, float]] = {}
+    out: dict[str, Demand] = {}
+    for job in jobs:
+        suite = suite_of(job.suite)
+        if suite is None or not suite.suite.tiers:
+            continue
+        if job.suite not in ratios:  # the suite's ladder, measured over all of its tasks
+            ratios[job.suite] = memory.ladder_ratios(
+                _suite_samples(store, job.suite, samples), len(suite.suite.tiers)
+            )
+        out[job.id] = _demand(
+            job,
+            suite,
+            gpus,
+            room_mib,
+            samples.get(job.task, []),
+            ratios[job.suite],
+            headroom_frac,
+            start_safer,
+            fit_share,
+        )
+    return out
+
+
+def _suite_samples(
+    store: Store, suite: str, samples: Mapping[str, list[predict.PeakSample]]
+) -> list[predict.PeakSample]:
+    tasks = [r["task"] for r in store.db.execute("SELECT DISTINCT task FROM jobs WHERE suite = ?", (suite,))]
+    return [s for t in tasks for s in samples.get(t, [])]
+
+
+def _demand(
+    job: JobRow,
+    suite: SuiteRow,
+    gpus: Sequence[GpuState],
+    room_mib: Mapping[int, int],
+    samples: Sequence[predict.PeakSample],
+    ratios: Mapping[int, float],
+    headroom_frac: float,
+    start_safer: bool,
+    fit_share: bool = True,
+) -> Demand:
+    tiers = suite.suite.tiers
+    allowed = {g: suite.gpu_plan.cap(g) for g in suite.gpu_plan.gpus}
+    best = max((room_mib[g] for g, cap in allowed.items() if cap > 0 and g in room_mib), default=None)
+    fallback = default_mib(suite, gpus, headroom_frac)
+    preds = tuple(
+        memory.fill_ladder(
+            [
+                predict.predict_peak(job.task, job.id, t, samples, default_mib=fallback, usable_mib=best)
+                for t in range(len(tiers))
+            ],
+            ratios,
+        )
+    )
+    own = min(job.tier, len(tiers) - 1)
+    if start_safer:
+        shares = [room_mib[g] // cap for g, cap in allowed.items() if cap > 1 and g in room_mib]
+        start = memory.start_tier(
+            [p.mib for p in preds],
+            own,
+            [t.name for t in tiers],
+            best,
+            share_mib=max(shares) if fit_share and shares else None,
+            learned=[p.source in LEARNED_SOURCES for p in preds],
+            exclusive=[t.exclusive for t in tiers],
+        )
+    else:
+        start = memory.Start(tier=own, predicted_mib=preds[own].mib)
+    view = placement.QueuedJob(
+        job_id=job.id,
+        seq=job.seq,
+        priority=job.priority,
+        tier=start.tier,
+        tiers=tiers,
+        allowed=allowed,
+        predicted_mib=start.predicted_mib,
+        avoid_gpu=job.avoid_gpu,
+    )
+    return Demand(view=view, predictions=preds, note=start.note)
+
+
+def pack(
+    demand: Mapping[str, Demand],
+    waited_s: Mapping[str, float],
+    views: Sequence[placement.GpuSlotView],
+    *,
+    after_s: float,
+    headroom_frac: float,
+) -> dict[str, Demand]:
+    """``demand`` with every job that memory has kept waiting ``after_s`` or more moved one
+    tier down where that tier fits a card now (:func:`memory.pack_down`)."""
+    out = dict(demand)
+    for job_id, d in demand.items():
+        if waited_s.get(job_id, 0.0) < after_s:
+            continue
+        lower = memory.pack_down(d.view, [p.mib for p in d.predictions], views, headroom_frac=headroom_frac)
+        if lower is None:
+            continue
+        names = [t.name for t in lower.tiers]
+        here, there = d.view, lower
+        note = (
+            f"tier {names[there.tier]} instead of {names[here.tier]}: waited {waited_s[job_id] / 60:.0f} min"
+            f" for ~{memory.gib(here.predicted_mib or 0)} at {names[here.tier]};"
+            f" ~{memory.gib(there.predicted_mib or 0)} at {names[there.tier]} fits now"
+        )
+        out[job_id] = Demand(
+            view=lower, predictions=d.predictions, note=f"{d.note}; {note}" if d.note else note
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- the watch
+
+
+@dataclass(kw_only=True)
+class _Seen:
+    gpu: int | None
+    pids: frozenset[int]  # its processes last seen on its card
+    used_mib: int | None
+    peak_mib: int
+    grew_at: float | None
+
+
+class MemoryWatch:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        trees: TreesFn | None = None,
+        host: HostFn | None = None,
+        limit: memory.HostLimit | None = None,
+        ramp_s: float = 60.0,
+        release_s: float = 30.0,
+        on_event: Callable[[str], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.trees = trees or attempt_trees
+        self.host = host or host_memory
+        self.limit = limit or memory.HostLimit()
+        self.ramp_s = ramp_s
+        self.release_s = release_s
+        self.on_event = on_event or (lambda msg: log.info("%s", msg))
+        self.seen: dict[int, _Seen] = {}
+        self.releasing: dict[int, tuple[memory.Tree, float]] = {}  # attempt id -> (tree, ended at)
+        self.holds: dict[int, str] = {}  # card index -> job id it is kept free for
+        self.memory_bound_since: dict[str, float] = {}  # job id -> since when memory keeps it waiting
+        self._warned: set[int] = set()
+
+    # ------------------------------------------------------------------ measure
+
+    def measure(self, live: Sequence[AttemptRow], gpus: Sequence[GpuState], now: float) -> memory.Attribution:
+        """Attribute the snapshot's GPU processes; record peaks; warn about misplaced jobs."""
+        self._expire(gpus, now)
+        trees: list[memory.Tree] = []
+        if any(g.processes for g in gpus):
+            pids = self.trees(live)
+            trees = [
+                memory.Tree(attempt_id=a.id, job_id=a.job_id, gpu=a.gpu, pids=pids.get(a.id, frozenset()))
+                for a in live
+            ]
+        att = memory.attribute(gpus, [*trees, *(t for t, _ in self.releasing.values())])
+        live_ids = {a.id for a in live}
+        for a in live:
+            usage = att.usage.get(a.id)
+            if usage is not None:
+                self._note(a, usage, now)
+        for gone in set(self.seen) - live_ids:
+            del self.seen[gone]
+        return att
+
+    def _note(self, a: AttemptRow, u: memory.Usage, now: float) -> None:
+        s = self.seen.get(a.id) or _Seen(
+            gpu=a.gpu, pids=frozenset(), used_mib=None, peak_mib=a.peak_mib or 0, grew_at=None
+        )
+        if u.pids_on_gpu:
+            s.pids = u.pids_on_gpu
+        if u.used_mib is not None:
+            if s.used_mib is None or u.used_mib > s.used_mib + memory.GROWTH_MIB:
+                s.grew_at = now
+            s.used_mib = u.used_mib
+            if u.used_mib > s.peak_mib:
+                s.peak_mib = u.used_mib
+                self.store.set_peak(a.id, u.used_mib)
+        self.seen[a.id] = s
+        if u.elsewhere and a.id not in self._warned:
+            self._warned.add(a.id)
+            self._misplaced(a, u, now)
+
+    def _misplaced(self, a: AttemptRow, u: memory.Usage, now: float) -> None:
+        where = ", ".join(f"pid {pid} on GPU {g}" for g, pid in u.elsewhere)
+        msg = (
+            f"{a.job_id}: attempt {a.n} was given GPU {a.gpu} (CUDA_VISIBLE_DEVICES={a.gpu_uuid or a.gpu})"
+            f" but runs {where}: does the trainer choose its own device?"
+        )
+        log.warning("%s", msg)
+        self.on_event(msg)
+        self.store.note(a.job_id, "misplaced", msg, now=now)
+
+    def _expire(self, gpus: Sequence[GpuState], now: float) -> None:
+        """An ended attempt's processes stop being ours once none of them is on its card any
+        more (its memory is released) or ``release_s`` has passed."""
+        listed = {(g.index, p.pid) for g in gpus for p in g.processes}
+        for aid, (tree, ended_at) in list(self.releasing.items()):
+            still = any((tree.gpu, pid) in listed for pid in tree.pids)
+            if not still or now - ended_at >= self.release_s:
+                del self.releasing[aid]
+
+    def ended(self, a: AttemptRow, result: Outcome, now: float) -> None:
+        """``a`` was reaped: its processes count as ours while its memory is released; a host
+        OOM holds launches until host RAM recovers."""
+        s = self.seen.pop(a.id, None)
+        self._warned.discard(a.id)
+        if s is not None and s.pids:
+            tree = memory.Tree(attempt_id=a.id, job_id=a.job_id, gpu=s.gpu, pids=s.pids, ending=True)
+            self.releasing[a.id] = (tree, now)
+        if result is Outcome.HOST_OOM and a.backend != "slurm":  # a Slurm node's RAM is not ours to watch
+            self.store.set_flag(HOST_OOM_FLAG, json.dumps([now, a.job_id]))
+            self.on_event(f"{a.job_id}: host out of memory; launches wait until host RAM recovers")
+
+    # ------------------------------------------------------------------ decisions' inputs
+
+    def waited_on_memory(
+        self,
+        demand: Mapping[str, Demand],
+        views: Sequence[placement.GpuSlotView],
+        now: float,
+        headroom_frac: float,
+    ) -> dict[str, float]:
+        """job id -> how long memory (not slots, not the plan) has kept it off every card,
+        without a break; 0 for jobs it does not keep waiting now."""
+        bound = {j for j, d in demand.items() if memory.memory_bound(d.view, views, headroom_frac)}
+        since = {j: self.memory_bound_since.get(j, now) for j in bound}
+        self.memory_bound_since = since
+        return {j: now - since[j] if j in since else 0.0 for j in demand}
+
+    def reserved(self, live: Sequence[AttemptRow], att: memory.Attribution, now: float) -> Counter[int]:
+        """card index -> memory promised to its running attempts that it does not show yet."""
+        out: Counter[int] = Counter()
+        for a in live:
+            if a.gpu is None or not a.predicted_mib:
+                continue
+            usage, seen = att.usage.get(a.id), self.seen.get(a.id)
+            holding = memory.Holding(
+                predicted_mib=a.predicted_mib,
+                learned=a.prediction_source in LEARNED_SOURCES,
+                used_mib=usage.used_mib if usage else None,
+                ramping=memory.is_ramping(now, a.launched_at, seen.grew_at if seen else None, self.ramp_s),
+            )
+            out[a.gpu] += memory.reserved_mib(holding)
+        return out
+
+    def host_wait(self, now: float) -> str | None:
+        """Why launches wait for host RAM now (clearing a recovered host-OOM hold), or None."""
+        hold = host_hold(self.store)
+        host = self.host()
+        if hold is not None and memory.host_recovered(host, self.limit, hold[0], now):
+            self.store.set_flag(HOST_OOM_FLAG, None)
+            self.on_event(f"host RAM recovered after the host OOM of {hold[1]}; launches resume")
+            hold = None
+        return memory.host_wait(host, self.limit, oom_hold=hold, now=now)

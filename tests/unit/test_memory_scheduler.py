@@ -1,0 +1,276 @@
+"""Memory-aware scheduling end to end through Scheduler.tick on a real SQLite store, with
+fake GPUs that list per-process memory, injected process trees and host RAM: outsiders,
+learned peaks, start safer, never deadlock, host RAM, release, misplaced jobs, status."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpusched.executors.fake import FakeExecutor
+from gpusched.gpus.fake import FakeProbe, FakeUsage
+from gpusched.memory import HostMemory
+from gpusched.model import GpuPlan, GpuProcess, JobSpec, Suite, Tier
+from gpusched.scheduler import Scheduler, Settings
+from gpusched.store import Store
+from gpusched.views import memory_cell, render_status, status_doc
+
+GIB = 1024
+TIERS = (Tier(name="A"), Tier(name="B"), Tier(name="C"), Tier(name="D", exclusive=True))
+
+
+def oom_tail(held_gib: float) -> str:
+    return (
+        "Traceback (most recent call last):\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total"
+        " capacity of 24.00 GiB of which 20.00 MiB is free. Including non-PyTorch memory, this process"
+        f" has {held_gib:.2f} GiB memory in use.\n"
+    )
+
+
+def make_suite(tmp: Path, n: int, task: str = "qnli") -> Suite:
+    return Suite(
+        name="E1",
+        plan_path=str(tmp / "E1.yaml"),
+        workdir=str(tmp),
+        logs_dir=str(tmp / "logs" / "E1"),
+        command="python train.py --config {config}",
+        base_config=None,
+        tiers=TIERS,
+        jobs=tuple(JobSpec(suite="E1", name=f"{i}-{task}", task=task) for i in range(n)),
+    )
+
+
+class Box:
+    """A machine: fake cards whose processes the test sets, our jobs' process trees, host RAM."""
+
+    def __init__(self, tmp: Path, plan: GpuPlan, cards: str = "2x24GiB", **settings: object) -> None:
+        self.tmp, self.plan, self.now = tmp, plan, 1000.0
+        self.procs: dict[int, list[GpuProcess]] = {}  # card -> processes on it
+        self.trees: dict[str, frozenset[int]] = {}  # attempt token -> its pids
+        self.host = HostMemory(available_mib=200 * GIB, total_mib=256 * GIB)
+        self.events: list[str] = []
+        self.store = Store(tmp / "gs.db")
+        self.ex = FakeExecutor(name="fake")
+        self.probe = FakeProbe.from_spec(cards, usage=self._usage, clock=lambda: self.now)
+        self.sched = Scheduler(
+            self.store,
+            self.probe,
+            {"fake": self.ex},
+            settings=Settings(**settings),  # type: ignore[arg-type]
+            on_event=self.events.append,
+            process_trees=self._trees,
+            host_memory=lambda: self.host,
+        )
+
+    def _usage(self) -> dict[int, FakeUsage]:
+        return {
+            g: FakeUsage(used_mib=sum(p.used_mib or 0 for p in ps), processes=tuple(ps))
+            for g, ps in self.procs.items()
+        }
+
+    def _trees(self, attempts):  # type: ignore[no-untyped-def]
+        return {a.id: self.trees[a.token] for a in attempts if a.token in self.trees}
+
+    def submit(self, suite: Suite) -> None:
+        self.store.submit(suite, self.plan, backend="fake", cwd=str(self.tmp), env_path=None, now=self.now)
+
+    def tick(self, dt: float = 1.0):  # type: ignore[no-untyped-def]
+        self.now += dt
+        return self.sched.tick(self.now)
+
+    def run_on(self, job_id: str, gpu: int, pids: dict[int, float]) -> str:
+        """Give ``job_id``'s running attempt the process tree ``pids`` with that memory on ``gpu``."""
+        token = self.ex.token_of(job_id)
+        self.trees[token] = frozenset({99, *pids})  # 99: its wrapper, which holds no GPU memory
+        self.procs[gpu] = [p for p in self.procs.get(gpu, []) if p.pid not in pids]
+        self.procs[gpu] += [GpuProcess(pid=pid, used_mib=int(gib * GIB)) for pid, gib in pids.items()]
+        return token
+
+    def status(self) -> dict:  # type: ignore[type-arg]
+        return status_doc(
+            self.store, self.probe.snapshot(), daemon=None, now=self.now, trees=self._trees, host=self.host
+        )
+
+    def attempt(self, job_id: str):  # type: ignore[no-untyped-def]
+        return self.store.attempts(job_id)[-1]
+
+
+def test_a_card_filled_by_an_outsider_is_avoided_and_status_names_the_outsider(tmp_path: Path) -> None:
+    box = Box(tmp_path, GpuPlan(gpus=(0, 1), slots=(1, 1)))
+    box.procs[0] = [GpuProcess(pid=4242, used_mib=20 * GIB)]  # someone else's 20 GiB job
+    box.submit(make_suite(tmp_path, 1))
+    assert box.tick().launched == [("E1/0-qnli", 1, "A")]
+    box.run_on("E1/0-qnli", 1, {101: 6, 102: 1})  # the trainer and a data worker that touched CUDA
+    box.tick()
+    gpus = {g["index"]: g for g in box.status()["gpus"]}
+    assert gpus[0]["processes"] == [{"pid": 4242, "used_mib": 20 * GIB, "ours": False, "job": None}]
+    assert gpus[0]["outside_mib"] == 20 * GIB
+    assert all(p["ours"] and p["job"] == "E1/0-qnli" for p in gpus[1]["processes"])  # the child too
+    assert gpus[1]["outside_mib"] == 0
+
+
+def test_each_attempts_peak_is_sampled_over_its_process_tree_and_never_goes_down(tmp_path: Path) -> None:
+    box = Box(tmp_path, GpuPlan(gpus=(0,), slots=(1,)), cards="1x24GiB")
+    box.submit(make_suite(tmp_path, 1))
+    box.tick()
+    box.run_on("E1/0-qnli", 0, {101: 6, 102: 1.5})
+    box.tick()
+    assert box.attempt("E1/0-qnli").peak_mib == int(7.5 * GIB)
+    token = box.run_on("E1/0-qnli", 0, {101: 5, 102: 1})
+    box.tick()
+    assert box.attempt("E1/0-qnli").peak_mib == int(7.5 * GIB)
+    box.ex.finish(token, exit_code=0, runtime={"peak_mib": 7 * GIB})  # the in-job helper's figure is lower
+    box.tick()
+    assert box.attempt("E1/0-qnli").peak_mib == int(7.5 * GIB)
+
+
+def test_queued_jobs_show_the_prediction_they_will_be_placed_with_and_its_source(tmp_path: Path) -> None:
+    box = Box(tmp_path, GpuPlan(gpus=(0,), slots=(1,)), cards="1x24GiB")
+    box.submit(make_suite(tmp_path, 2))
+    box.tick()
+    jobs = {j["id"]: j for j in box.status()["jobs"]}
+    assert (jobs["E1/1-qnli"]["predicted_mib"], jobs["E1/1-qnli"]["prediction_source"]) == (
+        int(24 * GIB * 0.9) - GIB,
+        "default",
+    )
+    box.ex.finish(box.ex.token_of("E1/0-qnli"), exit_code=0, runtime={"peak_mib": 9 * GIB})
+    box.store.request_cancel(["E1/1-qnli"])  # keep it queued... no: cancel, then requeue it to look at it
+    box.store.retry("E1/1-qnli", tier=0)
+    box.sched.settings.hold_after_s = 1e9
+    box.store.set_flag("draining", "1")
+    box.tick()
+    job = next(j for j in box.status()["jobs"] if j["id"] == "E1/1-qnli")
+    assert (job["state"], job["predicted_mib"], job["prediction_source"], job["start_tier"]) == (
+        "queued",
+        9 * GIB,
+        "task",
+        "A",
+    )
+    assert memory_cell(job) == "~9.0 task"
+
+
+def test_a_peak_that_fits_no_card_even_empty_starts_its_siblings_at_the_first_tier_that_does(
+    tmp_path: Path,
+) -> None:
+    box = Box(tmp_path, GpuPlan(gpus=(0, 1), slots=(1, 1)))
+    box.submit(make_suite(tmp_path, 3))
+    box.tick()  # two siblings start at A
+    box.ex.finish(
+        box.ex.token_of("E1/0-qnli"),
+        exit_code=1,
+        output=oom_tail(23.5),
+        runtime={"peak_mib": int(23.5 * GIB)},
+    )
+    box.tick()  # it died alone on its card holding 23.5 GiB: tier A cannot fit a 24 GiB card; it reruns at B
+    assert (box.store.job("E1/2-qnli").wait_reason or "").startswith("tier B instead of A")  # type: ignore[union-attr]
+    box.ex.finish(box.ex.token_of("E1/1-qnli"), exit_code=0)
+    box.tick()
+    third = box.attempt("E1/2-qnli")
+    assert (third.tier_name, third.prediction_source) == ("B", "default")
+    assert "tier B instead of A" in (third.placement_reason or "") and "even when empty" in (
+        third.placement_reason or ""
+    )
+
+
+def test_an_outsider_is_waited_for_not_planned_around(tmp_path: Path) -> None:
+    box = Box(tmp_path, GpuPlan(gpus=(0, 1), slots=(1, 1)))
+    box.procs = {0: [GpuProcess(pid=7, used_mib=19 * GIB)], 1: [GpuProcess(pid=8, used_mib=20 * GIB)]}
+    box.submit(make_suite(tmp_path, 2))
+    box.procs[1] = [GpuProcess(pid=9, used_mib=300)]  # only an X server left there
+    assert box.tick().launched == [("E1/0-qnli", 1, "A")]
+    assert box.tick().launched == []  # GPU 0's outsider may leave: its sibling waits at its own tier
+    job = box.store.job("E1/1-qnli")
+    assert (
+        job is not None
+        and (job.tier, job.wait_reason) == (0, job.wait_reason)
+        and "needs" in (job.wait_reason or "")
+    )
+
+
+def test_never_deadlocks_when_nothing_runs_and_nothing_fits(tmp_path: Path) -> None:
+    box = Box(tmp_path, GpuPlan(gpus=(0, 1), slots=(1, 1)))
+    box.procs = {0: [GpuProcess(pid=7, used_mib=19 * GIB)], 1: [GpuProcess(pid=8, used_mib=20 * GIB)]}
+    box.submit(make_suite(tmp_path, 2))
+    assert box.tick().launched == []  # other people's jobs may end: wait for them, for a while
+    assert box.tick(dt=1800).launched == []
+    rep = box.tick(dt=1800)  # an hour of nothing: the queue must not stall for ever
+    assert rep.launched == [("E1/0-qnli", 0, "D")]  # the most conservative tier, on the roomiest card
+    a = box.attempt("E1/0-qnli")
+    assert "nothing runs and nothing fits" in (a.placement_reason or "") and "tier D" in (
+        a.placement_reason or ""
+    )
+    assert box.tick().launched == []  # something runs now: the other one waits, with its reason
+    assert "needs" in (box.store.job("E1/1-qnli").wait_reason or "")  # type: ignore[union-attr]
+
+
+def test_launches_wait_while_host_ram_is_low(tmp_path: Path) -> None:
+    box = Box(tmp_path, GpuPlan(gpus=(0, 1), slots=(1, 1)))
+    box.host = HostMemory(available_mib=2 * GIB, total_mib=256 * GIB)
+    box.submit(make_suite(tmp_path, 1))
+    assert box.tick().launched == []
+    assert "host RAM low: 2.0 GiB available" in (box.store.job("E1/0-qnli").wait_reason or "")  # type: ignore[union-attr]
+    assert "host RAM low" in (box.status()["host"]["wait"] or "")
+    box.host = HostMemory(available_mib=50 * GIB, total_mib=256 * GIB)
+    assert len(box.tick().launched) == 1
+
+
+def test_a_host_oom_holds_launches_until_host_ram_recovers(tmp_path: Path) -> None:
+    box = Box(tmp_path, GpuPlan(gpus=(0,), slots=(1,)), cards="1x24GiB")
+    box.submit(make_suite(tmp_path, 2))
+    box.tick()
+    box.host = HostMemory(available_mib=6 * GIB, total_mib=256 * GIB)  # above the 4 GiB minimum
+    box.ex.finish(box.ex.token_of("E1/0-qnli"), exit_code=137, output="Killed\n")  # the kernel's OOM killer
+    assert box.tick().reaped == [("E1/0-qnli", "host_oom")]
+    held = box.store.job("E1/1-qnli").wait_reason or ""  # type: ignore[union-attr]
+    assert (
+        "held after a host OOM of E1/0-qnli" in held
+        and box.status()["host"]["held_after_oom_of"] == "E1/0-qnli"
+    )
+    box.host = HostMemory(available_mib=40 * GIB, total_mib=256 * GIB)
+    assert box.tick(dt=5).launched == []  # recovered, but give the box a moment to settle
+    assert len(box.tick(dt=60).launched) == 1
+    assert box.status()["host"]["held_after_oom_of"] is None
+
+
+def test_an_ended_jobs_processes_stay_ours_until_their_memory_is_released(tmp_path: Path) -> None:
+    box = Box(tmp_path, GpuPlan(gpus=(0,), slots=(1,)), cards="1x24GiB")
+    box.submit(make_suite(tmp_path, 1))
+    box.tick()
+    token = box.run_on("E1/0-qnli", 0, {101: 10})
+    box.tick()
+    box.ex.finish(token, exit_code=0)
+    box.tick()  # reaped; pid 101 still holds its memory on the card
+    assert list(box.sched.memory.releasing) == [box.attempt("E1/0-qnli").id]
+    att = box.sched.memory.measure([], box.probe.snapshot(), box.now)
+    assert att.outside_mib.get(0, 0) == 0 and att.owner(0, 101).ending  # type: ignore[union-attr]
+    box.procs[0] = []
+    box.tick()
+    assert box.sched.memory.releasing == {}
+
+
+def test_a_job_running_on_a_card_it_was_not_given_is_reported_once(tmp_path: Path) -> None:
+    box = Box(tmp_path, GpuPlan(gpus=(0, 1), slots=(1, 1)))
+    box.submit(make_suite(tmp_path, 1))
+    box.tick()
+    gpu = box.attempt("E1/0-qnli").gpu
+    box.run_on("E1/0-qnli", 1 - gpu, {101: 3})  # it ignored CUDA_VISIBLE_DEVICES
+    box.tick()
+    box.tick()
+    notes = [e for e in box.store.events("E1/0-qnli") if e["kind"] == "misplaced"]
+    assert (
+        len(notes) == 1 and f"was given GPU {gpu}" in notes[0]["message"] and "pid 101" in notes[0]["message"]
+    )
+
+
+def test_status_renders_memory_outsiders_and_host_waits(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    box = Box(tmp_path, GpuPlan(gpus=(0, 1), slots=(1, 1)))
+    box.procs[0] = [GpuProcess(pid=4242, used_mib=5 * GIB)]
+    box.submit(make_suite(tmp_path, 1))
+    box.tick()
+    box.host = HostMemory(available_mib=1 * GIB, total_mib=256 * GIB)
+    console = Console(width=200, record=True)
+    console.print(render_status(box.status()))
+    text = console.export_text()
+    assert "pid 4242 5.0 GiB" in text and "launches wait: host RAM low" in text and "~20.6 default" in text

@@ -1,0 +1,122 @@
+"""gpusched.sim drives the real Scheduler with a fake clock, fake GPUs and the fake executor:
+deterministic for a seed, OOMs written so outcome.classify sees them, memory-aware placement
+beating slot-only placement on OOMs, and no deadlock whatever the trace."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpusched import cli, outcome, sim
+from gpusched.model import MIB_PER_GIB, ExitRecord, GpuPlan, Outcome
+
+GIB = MIB_PER_GIB
+PLAN = GpuPlan(gpus=(0, 1), slots=(2, 2))
+CARDS = [24 * GIB, 24 * GIB]
+
+
+def small_trace(seeds: int = 5) -> sim.Trace:
+    """Three tasks on two 24 GiB cards, two jobs per card: two big ones cannot share a card
+    at tier A; a small one fits beside anything."""
+    tasks = {"big": (14 * GIB, 1800), "mid": (11.5 * GIB, 1500), "small": (5 * GIB, 1200)}
+    jobs = [
+        sim.TraceJob(name=f"{s}-{t}", task=t, tiers=sim.ladder_profiles(int(p), d, 90))
+        for s in range(seeds)
+        for t, (p, d) in tasks.items()
+    ]
+    return sim.Trace(jobs=tuple(jobs), noise=0.02)
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, sim.SimResult]:
+    trace = small_trace()
+    return {p: sim.simulate(trace, PLAN, CARDS, policy=p, seed=3) for p in ("slots", "gpusched")}
+
+
+def test_memory_aware_placement_crashes_less_than_slot_only_and_never_after_learning(
+    results: dict[str, sim.SimResult],
+) -> None:
+    aware, slots = results["gpusched"], results["slots"]
+    assert aware.finished and aware.succeeded == 15 and aware.failed == 0
+    assert slots.finished and slots.succeeded == 15
+    assert aware.oom_count < slots.oom_count
+    assert aware.learned_colocated_ooms == 0
+    assert aware.gpu_hours_lost < slots.gpu_hours_lost
+
+
+def test_a_simulation_is_deterministic_for_a_seed(results: dict[str, sim.SimResult]) -> None:
+    again = sim.simulate(small_trace(), PLAN, CARDS, policy="gpusched", seed=3)
+    assert again.as_dict() == results["gpusched"].as_dict()
+
+
+def test_the_simulated_oom_is_a_real_oom_to_classify() -> None:
+    tail = sim.oom_log(24 * GIB, 20, 512, 11 * GIB, [(40001, 12 * GIB)])
+    c = outcome.classify(ExitRecord(exit_code=1), tail, cancel_requested=False)
+    assert c.outcome is Outcome.OOM and c.contention  # the other process held half the card
+    assert c.line and c.line.startswith("torch.OutOfMemoryError: CUDA out of memory")
+
+
+def test_it_never_deadlocks_on_jobs_that_fit_nowhere_and_cards_taken_by_outsiders() -> None:
+    huge = sim.TraceJob(
+        name="0-huge",
+        task="huge",
+        tiers=tuple(sim.TierProfile(peak_mib=30 * GIB, duration_s=600) for _ in range(4)),
+    )
+    fine = sim.TraceJob(name="1-fine", task="fine", tiers=sim.ladder_profiles(6 * GIB, 600, 60))
+    outsiders = (sim.Outsider(gpu=0, mib=20 * GIB, end_s=3600), sim.Outsider(gpu=1, mib=21 * GIB, end_s=1800))
+    r = sim.simulate(
+        sim.Trace(jobs=(huge, fine), outsiders=outsiders), PLAN, CARDS, policy="gpusched", seed=1
+    )
+    assert r.finished  # nothing waits for ever
+    assert (r.succeeded, r.failed) == (1, 1)  # the one that fits no card at any tier failed at its last tier
+
+
+def test_lower_bound_takes_each_job_at_its_fastest_fitting_tier() -> None:
+    job = sim.TraceJob(
+        name="j",
+        task="t",
+        tiers=(
+            sim.TierProfile(peak_mib=30 * GIB, duration_s=100),
+            sim.TierProfile(peak_mib=20 * GIB, duration_s=200),
+        ),
+    )
+    trace = sim.Trace(jobs=(job,) * 4)
+    assert sim.lower_bound_s(trace, PLAN, CARDS) == pytest.approx(
+        max(4 * 200 / 4, 4 * 20 * GIB * 200 / (48 * GIB))
+    )
+
+
+def test_simulate_command_uses_a_temporary_queue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = tmp_path / "home"
+    monkeypatch.setenv("GPUSCHED_HOME", str(home))
+    trace = {
+        "jobs": [{"name": f"{i}-t", "task": "t", "peak_mib": 9000, "duration_s": 900} for i in range(4)],
+        "outsiders": [{"gpu": 1, "mib": 4000, "start_s": 0, "end_s": 600}],
+    }
+    (tmp_path / "trace.json").write_text(json.dumps(trace))
+    plan = Path(__file__).resolve().parents[2] / "plans" / "demo.yaml"
+    code = cli.main(
+        [
+            "simulate",
+            "--suite",
+            str(plan),
+            "--gpu-plan",
+            "2,2",
+            "--fake-gpus",
+            "2x24GiB",
+            "--trace",
+            str(tmp_path / "trace.json"),
+            "--policy",
+            "all",
+            "--json",
+        ]
+    )
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["policy"] for r in out] == list(sim.POLICIES) and all(r["succeeded"] == 4 for r in out)
+    assert not home.exists()  # never the user's queue
+    assert cli.main(["simulate", "--suite", str(plan), "--gpu-plan", "2,2", "--policy", "nope"]) == 2
