@@ -365,23 +365,6 @@ class Scheduler:
             return False
         return suite.suite.tiers[a.tier].exclusive
 
-    def _queued_view(self, job: JobRow, gpus: list[GpuState]) -> placement.QueuedJob:
-        suite = self._suite(job.suite)
-        assert suite is not None
-        plan = suite.gpu_plan
-        allowed = {g: plan.cap(g) for g in plan.gpus}
-        pred = self._predict(job, suite, gpus)
-        return placement.QueuedJob(
-            job_id=job.id,
-            seq=job.seq,
-            priority=job.priority,
-            tier=min(job.tier, len(suite.suite.tiers) - 1),
-            tiers=suite.suite.tiers,
-            allowed=allowed,
-            predicted_mib=pred.mib,
-            avoid_gpu=job.avoid_gpu,
-        )
-
     def _predict(self, job: JobRow, suite: SuiteRow, gpus: list[GpuState], tier: int) -> predict.Prediction:
         default = memwatch.default_mib(suite, gpus, self.settings.headroom_frac)
         samples = memwatch.history(self.store, [job.task]).get(job.task, [])
