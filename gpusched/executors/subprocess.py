@@ -67,8 +67,12 @@ class SubprocessExecutor:
             if len(cmd) != 4 or not cmd[1].endswith("/wrap.sh") or cmd[3] != "file":
                 continue
             try:
+                # the wrapper leads its process group; a subshell it forks for a moment
+                # (`$(date ...)`) has the same command line and token but not its own group
+                if os.getpgid(p.pid) != p.pid:
+                    continue
                 env = p.environ()
-            except psutil.Error:  # gone, or another user's
+            except (psutil.Error, OSError):  # gone, or another user's
                 continue
             token = env.get("GPUSCHED_TOKEN")
             started = proc.started_at(p.pid)

@@ -419,3 +419,34 @@ def test_nvml_failing_mid_run_falls_back_to_slots(tmp_path: Path, monkeypatch: p
     assert len(rep.reaped) == 2 and len(rep.launched) == 2  # slots refilled with memory unknown
     assert all(g.free_mib is None for g in sched.last_snapshot)
     assert "placing by slots only" in (probe.notice() or "")
+
+
+def test_discover_names_the_wrapper_not_a_subshell_with_its_command_line(tmp_path: Path) -> None:
+    """The wrapper forks subshells (`$(date ...)`) that share its command line and token for
+    an instant; adopting one of those would declare the job lost while it runs, and run it
+    twice. Only a process that leads its own group (as the wrapper does) is the wrapper."""
+    from gpusched.executors import WRAPPER, LaunchRequest
+
+    home = Home(tmp_path / "home").ensure()
+    ex = make_executor("subprocess", home)
+    dirs = []
+    for name in ("fork", "real"):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "launch.sh").write_text("sleep 30\n")
+        dirs.append(d)
+    env = {**os.environ, "GPUSCHED_TOKEN": "forked", "GPUSCHED_HOME": str(home.root)}
+    leader = proc.spawn(["sh", "-c", f"sh {WRAPPER} {dirs[0]} file; true"], env=env)  # not its own group
+    handle = ex.launch(
+        LaunchRequest(
+            job_id="s/real", suite="s", job_name="real", token="real", attempt_dir=dirs[1], workdir=tmp_path
+        )
+    )
+    try:
+        retry_until(lambda: (dirs[0] / "pid").exists() and (dirs[1] / "pid").exists(), timeout=10)
+        found = ex.discover()
+        assert "forked" not in found
+        assert found["real"]["pid"] == handle["pid"] == int((dirs[1] / "pid").read_text().split()[0])
+    finally:
+        proc.signal_group(leader.pid, signal.SIGKILL)
+        proc.signal_group(handle["pid"], signal.SIGKILL)
