@@ -212,8 +212,9 @@ def materialize(
         f"# base: {suite.base_config or '(none)'}",
         *(f"# injected: {n}" for n in resolved.notes),
     ]
-    body = yaml.safe_dump(dict(resolved.config), sort_keys=False, allow_unicode=True)
-    _atomic_write(paths.config, "\n".join(header) + "\n" + body)
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's when built with it: ~10x faster
+    body = yaml.dump(dict(resolved.config), Dumper=dumper, sort_keys=False, allow_unicode=True)
+    _write_fresh(paths.config, "\n".join(header) + "\n" + body)
 
     env = dict(resolved.env)
     if backend != "slurm":  # on Slurm the allocation (GRES) sets CUDA_VISIBLE_DEVICES
@@ -228,7 +229,7 @@ def materialize(
         GPUSCHED_ATTEMPT_DIR=str(paths.dir),
         GPUSCHED_GPU="" if gpu is None else str(gpu),
     )
-    _atomic_write(paths.env, json.dumps(env, indent=2, sort_keys=True) + "\n")
+    _write_fresh(paths.env, json.dumps(env, indent=2, sort_keys=True) + "\n")
 
     fields = {
         "config": str(paths.config),
@@ -239,7 +240,7 @@ def materialize(
         "gpu": "" if gpu is None else str(gpu),
     }
     command = suite.command.format_map({k: shlex.quote(v) for k, v in fields.items()})
-    _atomic_write(paths.command, command + "\n")
+    _write_fresh(paths.command, command + "\n")
 
     lines = [
         "#!/bin/sh",
@@ -250,7 +251,7 @@ def materialize(
         lines.append(f"[ -r {shlex.quote(env_file)} ] && . {shlex.quote(env_file)}")
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
     lines += [f"cd {shlex.quote(str(workdir))} || exit 126", command]
-    _atomic_write(paths.launch, "\n".join(lines) + "\n", mode=0o700)
+    _write_fresh(paths.launch, "\n".join(lines) + "\n", mode=0o700)
     return command
 
 
@@ -260,6 +261,16 @@ def _visible(gpu: int | None, uuid: str | None) -> str:
     if uuid and uuid.startswith(("GPU-", "MIG-")) and "fake" not in uuid:
         return uuid
     return "" if gpu is None else str(gpu)
+
+
+def _write_fresh(path: Path, text: str, *, mode: int = 0o644) -> None:
+    """Write a file of a new attempt directory in place. No temp file + rename (a quarter of
+    a launch's cost): nothing reads these files before the wrapper starts, and a launch cut
+    short is never started (a restarted daemon gives the job a new attempt directory)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(fd, mode)
+        f.write(text)
 
 
 def _atomic_write(path: Path, text: str, *, mode: int = 0o644) -> None:

@@ -1,0 +1,113 @@
+"""The shortcuts that keep a tick cheap with a long queue decide exactly what the slow path
+would: placement's reuse of a wait reason for jobs it cannot tell apart, and the job rows
+that decode their spec only when asked."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpusched import codec
+from gpusched.model import Placement, Tier, Wait
+from gpusched.placement import Decision, GpuSlotView, QueuedJob, assign, job_order, occupy, place_one
+
+GIB = 1024
+LADDERS = (
+    (Tier(name="A"), Tier(name="B", min_free_mib=12 * GIB), Tier(name="D", exclusive=True)),
+    (Tier(name="A"), Tier(name="C", min_free_mib=4 * GIB)),
+)
+
+
+def assign_one_by_one(queued: list[QueuedJob], gpus: list[GpuSlotView], headroom_frac: float) -> Decision:
+    """placement.assign without the shortcut: every job checked against every card."""
+    views = {g.index: g for g in sorted(gpus, key=lambda g: g.index)}
+    placements: list[Placement] = []
+    waits: list[Wait] = []
+    for job in sorted(queued, key=job_order):
+        outcome = place_one(job, list(views.values()), headroom_frac)
+        if isinstance(outcome, Wait):
+            waits.append(outcome)
+            continue
+        placements.append(outcome)
+        if outcome.gpu is not None:
+            views[outcome.gpu] = occupy(views[outcome.gpu], job)
+    return Decision(placements=tuple(placements), waits=tuple(waits))
+
+
+@st.composite
+def queues(draw: st.DrawFn) -> list[QueuedJob]:
+    """Many jobs of few kinds (as a suite's are), so that waits repeat."""
+    kinds = draw(
+        st.lists(
+            st.tuples(
+                st.integers(0, len(LADDERS) - 1),
+                st.integers(0, 2),
+                st.dictionaries(st.integers(0, 3), st.integers(0, 2), max_size=4),
+            ),
+            min_size=1,
+            max_size=3,
+        )
+    )
+    count = draw(st.integers(0, 25))
+    jobs = []
+    for seq in range(count):
+        ladder, tier, allowed = kinds[draw(st.integers(0, len(kinds) - 1))]
+        jobs.append(
+            QueuedJob(
+                job_id=f"j{seq}",
+                seq=seq,
+                priority=draw(st.integers(0, 1)),
+                tier=tier,
+                tiers=LADDERS[ladder],
+                allowed=allowed,
+                predicted_mib=draw(st.sampled_from([None, 0, 6 * GIB, 20 * GIB])),
+                avoid_gpu=draw(st.none() | st.integers(0, 3)),
+            )
+        )
+    return jobs
+
+
+@st.composite
+def cards(draw: st.DrawFn) -> list[GpuSlotView]:
+    views = []
+    for index in range(draw(st.integers(0, 4))):
+        total = draw(st.none() | st.integers(1, 40 * GIB))
+        running = draw(st.integers(0, 2))
+        views.append(
+            GpuSlotView(
+                index=index,
+                running=running,
+                exclusive_running=running > 0 and draw(st.booleans()),
+                free_mib=draw(st.none() | st.integers(0, total or 40 * GIB)),
+                total_mib=total,
+                reserved_mib=draw(st.integers(0, 4 * GIB)),
+                held_for=draw(st.none() | st.sampled_from(["j0", "j3", "j7"])),
+            )
+        )
+    return views
+
+
+@settings(max_examples=300, deadline=None)
+@given(queues(), cards(), st.sampled_from([0.0, 0.1, 0.2]))
+def test_assign_decides_as_if_it_checked_every_job(
+    queued: list[QueuedJob], gpus: list[GpuSlotView], headroom: float
+) -> None:
+    assert assign(queued, gpus, headroom_frac=headroom) == assign_one_by_one(queued, gpus, headroom)
+
+
+def test_a_job_row_decodes_its_spec_on_first_use_only(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from gpusched.store import Store
+    from tests.unit.test_scheduler import make_suite
+
+    suite = make_suite(tmp_path, n=2)
+    store = Store(tmp_path / "db.sqlite")
+    from gpusched.model import GpuPlan
+
+    store.submit(suite, GpuPlan(gpus=(0,), slots=(1,)), backend="fake", cwd=str(tmp_path), env_path=None)
+    row = store.jobs()[0]
+    assert "spec" not in vars(row)  # not decoded by reading the row
+    assert row.spec == codec.job_from_json(row.spec_json) == suite.jobs[0]
+    assert row.spec is row.spec  # decoded once
+    assert json.loads(row.spec_json)["name"] == suite.jobs[0].name
