@@ -105,6 +105,9 @@ CREATE TABLE IF NOT EXISTS attempts (
 );
 CREATE INDEX IF NOT EXISTS attempts_state ON attempts(state);
 CREATE INDEX IF NOT EXISTS attempts_job ON attempts(job_id, n);
+-- the attempts that say something about memory: peak_history reads only these, however many
+-- attempts ended without a peak
+CREATE INDEX IF NOT EXISTS attempts_peaks ON attempts(job_id) WHERE peak_mib IS NOT NULL OR outcome = 'oom';
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     at REAL NOT NULL,
@@ -522,7 +525,8 @@ class Store:
             rows.extend(
                 self.db.execute(
                     "SELECT a.job_id, j.task, a.tier, a.peak_mib, a.outcome FROM attempts a JOIN jobs j"
-                    f" ON j.id = a.job_id WHERE a.state = 'exited' AND j.task IN ({','.join('?' * len(chunk))})"
+                    # +a.state: scan attempts_peaks, not every ended attempt through attempts_state
+                    f" ON j.id = a.job_id WHERE +a.state = 'exited' AND j.task IN ({','.join('?' * len(chunk))})"
                     " AND (a.peak_mib IS NOT NULL OR a.outcome = 'oom')",
                     chunk,
                 )
