@@ -1,0 +1,168 @@
+"""Shared plumbing of the benchmarks: a private GPUSCHED_HOME and project, the real CLI,
+a no-op plan, polling the store, and a plain-text table.
+
+Every benchmark drives gpusched as a user does (the installed CLI in subprocesses, the real
+daemon, real tmux or processes, the real SQLite file) in a scratch directory it deletes
+afterwards; nothing touches the user's own queue.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """A private state home and project folder; ``env`` points the CLI at them."""
+
+    root: Path
+
+    @property
+    def home(self) -> Path:
+        return self.root / "home"
+
+    @property
+    def project(self) -> Path:
+        return self.root / "project"
+
+    @property
+    def db(self) -> Path:
+        return self.home / "gpusched.db"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in ("TMUX", "GPUSCHED_FAKE_GPUS")}
+        return {**env, "GPUSCHED_HOME": str(self.home), **extra}
+
+    def cli(
+        self, *args: str, env: dict[str, str] | None = None, check: bool = True, timeout: float = 600
+    ) -> subprocess.CompletedProcess[str]:
+        r = subprocess.run(
+            [sys.executable, "-m", "gpusched", *args],
+            cwd=self.project,
+            env=env or self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and r.returncode != 0:
+            raise RuntimeError(f"gpusched {' '.join(args)} -> {r.returncode}\n{r.stdout}\n{r.stderr}")
+        return r
+
+    def write_plan(
+        self, name: str, n_jobs: int, command: str = "true {config}", sleeps: Sequence[float] = ()
+    ) -> str:
+        """A suite of ``n_jobs`` jobs, one tier. ``sleeps``: each job gets one of these in
+        ``$BENCH_SLEEP`` (round robin), e.g. for ``command: ': {config}; sleep $BENCH_SLEEP'``."""
+        plans = self.project / "plans"
+        plans.mkdir(parents=True, exist_ok=True)
+        matrix = f"i: [{', '.join(str(i) for i in range(n_jobs // max(1, len(sleeps))))}]"
+        job = 'job: {name: "j{i}", task: "noop"}'
+        if sleeps:
+            matrix += f", d: [{', '.join(json.dumps(str(d)) for d in sleeps)}]"
+            job = 'job: {name: "j{i}-{d}", task: "noop", env: {BENCH_SLEEP: "{d}"}}'
+        body = (
+            f"command: {json.dumps(command)}\n"
+            "workdir: ..\n"
+            f"matrix: {{{matrix}}}\n"
+            f"{job}\n"
+            "tiers: [{name: A}]\n"
+        )
+        (plans / f"{name}.yaml").write_text(body)
+        return name
+
+    def counts(self) -> dict[str, int]:
+        """Jobs per state, read straight from the database (no interpreter start)."""
+        try:
+            db = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=30)
+            try:
+                return dict(db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())
+            finally:
+                db.close()
+        except sqlite3.Error:
+            return {}
+
+    def wait_all_done(self, n: int, *, timeout_s: float = 600, poll_s: float = 0.005) -> float:
+        """Block until ``n`` jobs ended; return the wall clock (time.time()) when seen."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            c = self.counts()
+            if sum(v for k, v in c.items() if k not in ("queued", "running")) >= n:
+                return time.time()
+            time.sleep(poll_s)
+        raise TimeoutError(f"jobs not done within {timeout_s} s: {self.counts()}")
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self.cli("daemon", "stop", check=False, timeout=60)
+        sock = self.home / "tmux.sock"
+        if sock.exists() and shutil.which("tmux"):
+            subprocess.run(["tmux", "-S", str(sock), "kill-server"], capture_output=True, check=False)
+
+
+@contextlib.contextmanager
+def sandbox(keep: bool = False) -> Iterator[Sandbox]:
+    root = Path(tempfile.mkdtemp(prefix="gpusched-bench-"))
+    sb = Sandbox(root)
+    sb.project.mkdir(parents=True)
+    try:
+        yield sb
+    finally:
+        sb.stop()
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def daemon_pid(sb: Sandbox) -> int:
+    info = json.loads((sb.home / "daemon.json").read_text())
+    return int(info["pid"])
+
+
+def percentile(xs: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile, ``q`` in 0..100."""
+    s = sorted(xs)
+    if not s:
+        return float("nan")
+    k = max(0, min(len(s) - 1, int(-(-q * len(s) // 100)) - 1))
+    return s[k]
+
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A GitHub-flavoured markdown table (pastes straight into benchmarks/README.md)."""
+    cells = [[str(c) for c in headers], *[[str(c) for c in r] for r in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |"  # noqa: E731
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(cells[0]), sep, *(line(r) for r in cells[1:])])
+
+
+def machine() -> str:
+    import platform
+
+    return (
+        f"{os.cpu_count()} cores, {platform.machine()}, Linux {platform.release()}, "
+        f"Python {platform.python_version()}"
+    )

@@ -1,0 +1,150 @@
+"""Dispatch throughput: N no-op jobs over 16 slots, wall time from the first
+submit to every job done, for gpusched (subprocess and tmux backends) beside task-spooler,
+GNU parallel and simple-gpu-scheduler, in one run on one machine.
+
+    python benchmarks/bench_dispatch.py [--jobs 1000] [--slots 16] [--repeat 1] [--only tmux,tsp]
+
+gpusched runs the real CLI (``submit`` starts its daemon, as for a user) with 16 fake GPUs
+and ``--gpu-plan 1,1,...``; every job is ``true <its config.yaml>``, with its attempt
+directory, config, log and exit.json written as for a real job. The others run ``true``.
+A tool that is not installed is reported as such, not failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import machine, median, sandbox, table
+
+
+def gpusched(backend: str) -> Callable[[int, int], float]:
+    def run(n: int, slots: int) -> float:
+        with sandbox() as sb:
+            sb.write_plan("noop", n)
+            env = sb.env(GPUSCHED_FAKE_GPUS=f"{slots}x24GiB")
+            t0 = time.time()
+            plan = ",".join("1" * slots)
+            sb.cli("submit", "--suite", "noop", "--gpu-plan", plan, "--backend", backend, env=env)
+            t1 = sb.wait_all_done(n)
+            bad = {k: v for k, v in sb.counts().items() if k != "succeeded"}
+            if bad:
+                raise RuntimeError(f"gpusched {backend}: not all jobs succeeded: {bad}")
+            return t1 - t0
+
+    return run
+
+
+def _tsp_binary() -> str | None:
+    for name in ("tsp", "ts"):
+        path = shutil.which(name)
+        if path and "spooler" in subprocess.run([path, "-h"], capture_output=True, text=True).stdout.lower():
+            return path
+    return shutil.which("tsp")
+
+
+def tsp(n: int, slots: int) -> float:
+    binary = _tsp_binary()
+    with sandbox() as sb:
+        env = {
+            **os.environ,
+            "TS_SOCKET": str(sb.root / "ts.sock"),
+            "TMPDIR": str(sb.root),
+            "TS_MAXFINISHED": str(n + 10),
+        }
+        try:
+            t0 = time.time()
+            subprocess.run([binary, "-S", str(slots)], env=env, check=True, capture_output=True)
+            loop = f'i=0; while [ $i -lt {n} ]; do "$0" true >/dev/null; i=$((i+1)); done'
+            subprocess.run(["sh", "-c", loop, binary], env=env, check=True)
+            while True:
+                out = subprocess.run([binary, "-l"], env=env, capture_output=True, text=True).stdout
+                if sum(" finished " in line for line in out.splitlines()) >= n:
+                    return time.time() - t0
+                time.sleep(0.005)
+        finally:
+            subprocess.run([binary, "-K"], env=env, capture_output=True, check=False)
+
+
+def parallel(n: int, slots: int) -> float:
+    t0 = time.time()
+    subprocess.run(
+        ["parallel", f"-j{slots}", "true"],
+        input="\n".join(map(str, range(n))) + "\n",
+        text=True,
+        check=True,
+        capture_output=True,
+    )
+    return time.time() - t0
+
+
+def simple_gpu_scheduler(n: int, slots: int) -> float:
+    argv = [sys.executable, "-m", "simple_gpu_scheduler.scheduler", "--gpus", *map(str, range(slots))]
+    t0 = time.time()
+    subprocess.run(argv, input="true\n" * n, text=True, check=True, capture_output=True)
+    return time.time() - t0
+
+
+TOOLS: dict[str, tuple[Callable[[int, int], float], Callable[[], bool]]] = {
+    "gpusched (subprocess)": (gpusched("subprocess"), lambda: True),
+    "gpusched (tmux)": (gpusched("tmux"), lambda: bool(shutil.which("tmux"))),
+    "task-spooler (tsp -S 16)": (tsp, lambda: _tsp_binary() is not None),
+    "GNU parallel -j16": (parallel, lambda: bool(shutil.which("parallel"))),
+    "simple-gpu-scheduler": (simple_gpu_scheduler, lambda: _has_module("simple_gpu_scheduler")),
+}
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=1000)
+    ap.add_argument("--slots", type=int, default=16)
+    ap.add_argument("--repeat", type=int, default=1, help="runs per tool; the median is shown")
+    ap.add_argument("--only", help="comma-separated substrings of tool names to run")
+    args = ap.parse_args(argv)
+    results: dict[str, float | str] = {}
+    for name, (fn, available) in TOOLS.items():
+        if args.only and not any(s.strip() and s.strip() in name for s in args.only.split(",")):
+            continue
+        if not available():
+            results[name] = "not installed"
+            continue
+        times = [fn(args.jobs, args.slots) for _ in range(args.repeat)]
+        results[name] = median(times)
+        print(f"  {name}: {', '.join(f'{t:.2f}' for t in times)} s", file=sys.stderr)
+    ref = {k: v for k, v in results.items() if isinstance(v, float)}
+    tsp_t = next((v for k, v in ref.items() if k.startswith("task-spooler")), None)
+    par_t = next((v for k, v in ref.items() if k.startswith("GNU parallel")), None)
+    rows = []
+    for name, t in results.items():
+        if isinstance(t, str):
+            rows.append([name, t, "", "", ""])
+            continue
+        rows.append(
+            [
+                name,
+                f"{t:.2f}",
+                f"{args.jobs / t:.0f}",
+                f"{t / tsp_t:.2f}x" if tsp_t else "",
+                f"{t / par_t:.2f}x" if par_t else "",
+            ]
+        )
+    print(f"Dispatch: {args.jobs} no-op jobs over {args.slots} slots ({machine()})\n")
+    print(table(["tool", "wall s", "jobs/s", "vs tsp", "vs parallel"], rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

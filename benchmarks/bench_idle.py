@@ -1,0 +1,69 @@
+"""Idle overhead: the daemon's CPU while 14 jobs run (sleeping) and nothing else happens,
+with the GPU probe sampled every second, as on a real night.
+
+    python benchmarks/bench_idle.py [--seconds 60] [--jobs 14] [--queued 0] [--backend subprocess]
+
+Reads the daemon's user+system CPU time (psutil) at the start and end of the window and
+reports it as a share of one core. ``--queued N`` adds N jobs that wait behind the running
+ones (a long queue must not make an idle daemon busy either).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import daemon_pid, machine, sandbox, table
+
+
+def measure(seconds: float, running: int, queued: int, backend: str) -> tuple[float, float, float]:
+    """(cpu % of one core, CPU ms per second, RSS MiB) of the daemon over ``seconds``."""
+    import psutil
+
+    with sandbox() as sb:
+        n = running + queued
+        sb.write_plan("idle", n, command=": {config}; sleep 3600")
+        env = sb.env(GPUSCHED_FAKE_GPUS="16x24GiB")
+        plan = ",".join("1" * running) + ",0" * (16 - running) if running < 16 else ",".join("1" * 16)
+        sb.cli("submit", "--suite", "idle", "--gpu-plan", plan, "--backend", backend, env=env)
+        deadline = time.monotonic() + 60
+        while sb.counts().get("running", 0) < running:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"jobs did not start: {sb.counts()}")
+            time.sleep(0.1)
+        time.sleep(2.0)  # let the launches' own work settle
+        p = psutil.Process(daemon_pid(sb))
+        c0, t0 = p.cpu_times(), time.monotonic()
+        time.sleep(seconds)
+        c1, t1 = p.cpu_times(), time.monotonic()
+        rss = p.memory_info().rss / 2**20
+        cpu_s = (c1.user - c0.user) + (c1.system - c0.system)
+        sb.cli("cancel", "--suite", "idle", env=env, check=False)
+        return 100 * cpu_s / (t1 - t0), 1000 * cpu_s / (t1 - t0), rss
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--jobs", type=int, default=14, help="running jobs (at most 16)")
+    ap.add_argument("--queued", type=int, default=0, help="jobs waiting behind them")
+    ap.add_argument("--backend", default="subprocess")
+    args = ap.parse_args(argv)
+    rows = []
+    for queued in sorted({0, args.queued}):
+        pct, ms, rss = measure(args.seconds, min(args.jobs, 16), queued, args.backend)
+        rows.append([f"{args.jobs} running, {queued} queued", f"{pct:.2f} %", f"{ms:.1f}", f"{rss:.0f}"])
+    print(
+        f"Idle daemon over {args.seconds:.0f} s, GPU probe sampled at 1 Hz, backend {args.backend} "
+        f"({machine()})\n"
+    )
+    print(table(["jobs", "CPU (of one core)", "CPU ms per s", "RSS MiB"], rows))
+    print("\naim: < 1 % of a core")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,88 @@
+"""Slot refill latency: from a job's end (its wrapper's ``ended_at`` in exit.json) to the start
+of the next job on the same slot (the next wrapper's ``started_at``), p50 / p99 / max.
+
+    python benchmarks/bench_refill.py [--jobs 500] [--slots 16] [--backend subprocess,tmux]
+
+Each backend gets its own private home and daemon: ``--slots`` fake GPUs with one slot each,
+jobs that sleep 0.10-0.28 s (spread, so that ends do not all coincide), started by the real
+CLI. The gap is what the event-driven design is about: the wrapper pokes the daemon's FIFO,
+the daemon wakes, reaps, places and launches; no polling interval is involved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import shutil
+import sqlite3
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import Sandbox, machine, percentile, sandbox, table
+
+SLEEPS = [round(0.10 + 0.02 * k, 2) for k in range(10)]
+
+
+def gaps(sb: Sandbox) -> list[float]:
+    """Seconds between each attempt's end and the next start on its GPU (one slot per GPU)."""
+    db = sqlite3.connect(f"file:{sb.db}?mode=ro", uri=True)
+    rows = db.execute("SELECT gpu, dir FROM attempts WHERE state = 'exited'").fetchall()
+    db.close()
+    by_gpu: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for gpu, d in rows:
+        rec = json.loads((Path(d) / "exit.json").read_text())
+        by_gpu[gpu].append((float(rec["started_at"]), float(rec["ended_at"])))
+    out = []
+    for spans in by_gpu.values():
+        spans.sort()
+        out += [nxt[0] - prev[1] for prev, nxt in itertools.pairwise(spans)]
+    return out
+
+
+def run(backend: str, n: int, slots: int) -> list[float]:
+    with sandbox() as sb:
+        sb.write_plan("refill", n, command=": {config}; sleep $BENCH_SLEEP", sleeps=SLEEPS)
+        env = sb.env(GPUSCHED_FAKE_GPUS=f"{slots}x24GiB")
+        plan = ",".join("1" * slots)
+        sb.cli("submit", "--suite", "refill", "--gpu-plan", plan, "--backend", backend, env=env)
+        sb.wait_all_done(n, poll_s=0.05)
+        bad = {k: v for k, v in sb.counts().items() if k != "succeeded"}
+        if bad:
+            raise RuntimeError(f"{backend}: not all jobs succeeded: {bad}")
+        return gaps(sb)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=500)
+    ap.add_argument("--slots", type=int, default=16)
+    ap.add_argument("--backend", default="subprocess,tmux")
+    args = ap.parse_args(argv)
+    n = args.jobs - args.jobs % len(SLEEPS)
+    rows = []
+    for backend in args.backend.split(","):
+        if backend == "tmux" and not shutil.which("tmux"):
+            rows.append([backend, "tmux not installed", "", "", "", ""])
+            continue
+        g = [x * 1000 for x in run(backend, n, args.slots)]
+        rows.append(
+            [
+                backend,
+                len(g),
+                f"{percentile(g, 50):.1f}",
+                f"{percentile(g, 90):.1f}",
+                f"{percentile(g, 99):.1f}",
+                f"{max(g):.1f}",
+            ]
+        )
+    print(f"Slot refill: {n} jobs of 0.10-0.28 s over {args.slots} slots ({machine()})\n")
+    print(table(["backend", "refills", "p50 ms", "p90 ms", "p99 ms", "max ms"], rows))
+    print("\naim: p50 <= 20 ms, p99 <= 100 ms")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,118 @@
+"""Status latency with a big store: ``gpusched status --json`` and plain ``gpusched status``,
+wall time of the whole command (interpreter start included), median of several runs.
+
+    python benchmarks/bench_status.py [--jobs 10000] [--runs 7]
+
+The store is filled in-process (``Store.submit`` of one suite, then attempts through the
+store's own transitions): most jobs queued, some succeeded, some failed (with an attempt
+each), 14 running. No daemon runs; the probe is 16 fake GPUs. ``python -c pass`` and
+``gpusched --version`` are timed too, as the floor any command pays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import Sandbox, machine, median, sandbox, table
+
+
+def fill(sb: Sandbox, n: int, *, succeeded: int, failed: int, running: int) -> None:
+    """``n`` jobs of one suite, with attempts for the first ``succeeded + failed + running``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from gpusched import plan
+    from gpusched.model import Classification, ExitRecord, Outcome, Step, StepKind
+    from gpusched.store import NewAttempt, Store
+
+    sb.write_plan("big", n, command="python train.py --config {config}")
+    suite = plan.load_suite("big", cwd=sb.project)
+    sb.home.mkdir(parents=True, exist_ok=True)
+    store = Store(sb.db)
+    gplan = plan.parse_gpu_plan(",".join("1" * 16), gpus=None, detected=16)
+    store.submit(suite, gplan, backend="subprocess", cwd=str(sb.project), env_path=None)
+    now = time.time()
+    ok = Classification(outcome=Outcome.OK, reason="exit 0")
+    err = Classification(outcome=Outcome.ERROR, reason="exit 1", line="ValueError: bad label")
+    for k, job in enumerate(suite.jobs[: succeeded + failed + running]):
+        d = sb.project / "logs" / "big" / job.name / "1-A"
+        d.mkdir(parents=True)
+        (d / "output.log").write_text(f"step 10/100 loss 1.{k}\n")
+        aid = store.begin_attempt(
+            NewAttempt(
+                job_id=job.id,
+                tier=0,
+                tier_name="A",
+                gpu=k % 16,
+                gpu_uuid=None,
+                backend="subprocess",
+                dir=str(d),
+                token=f"t{k:015d}",
+                placement_reason="bench",
+                predicted_mib=4096,
+                prediction_source="default",
+            ),
+            now=now - 600 + k * 0.01,
+        )
+        store.mark_running(aid, {"pid": 1, "pid_started_at": 0.0}, now=now - 600 + k * 0.01)
+        if k < succeeded + failed:
+            bad = k >= succeeded
+            rec = ExitRecord(exit_code=1 if bad else 0, started_at=now - 600 + k * 0.01, ended_at=now - 300)
+            store.finish_attempt(
+                aid,
+                exit=rec,
+                result=err if bad else ok,
+                step=Step(kind=StepKind.FAIL if bad else StepKind.DONE, tier=0, reason="bench"),
+                now=now - 300,
+            )
+    store.close()
+
+
+def timed_runs(argv: list[str], env: dict[str, str], cwd: Path, runs: int) -> tuple[float, str]:
+    times, out = [], ""
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        r = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True)
+        times.append(time.perf_counter() - t0)
+        if r.returncode != 0:
+            raise RuntimeError(f"{argv} -> {r.returncode}: {r.stderr}")
+        out = r.stdout
+    return median(times), out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=10_000)
+    ap.add_argument("--runs", type=int, default=7)
+    args = ap.parse_args(argv)
+    with sandbox() as sb:
+        t0 = time.perf_counter()
+        fill(sb, args.jobs, succeeded=args.jobs // 5, failed=args.jobs // 50, running=14)
+        fill_s = time.perf_counter() - t0
+        env = sb.env(GPUSCHED_FAKE_GPUS="16x24GiB", COLUMNS="160")
+        gs = [sys.executable, "-m", "gpusched"]
+        rows = []
+        for label, cmd in (
+            ("python -c pass (floor)", [sys.executable, "-c", "pass"]),
+            ("gpusched --version", [*gs, "--version"]),
+            ("gpusched status --json", [*gs, "status", "--json"]),
+            ("gpusched status", [*gs, "status"]),
+        ):
+            t, out = timed_runs(cmd, env, sb.project, args.runs)
+            lines = len(out.splitlines())
+            size = f"{len(out) / 1024:.0f} KiB, {lines} lines" if out else ""
+            rows.append([label, f"{t * 1000:.0f}", size])
+    print(
+        f"Status with {args.jobs} jobs in the store (filled in {fill_s:.1f} s), median of {args.runs} runs "
+        f"({machine()})\n"
+    )
+    print(table(["command", "wall ms", "output"], rows))
+    print("\naim: <= 150 ms; the plain table stays readable (rows capped, the rest summarised)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
