@@ -273,8 +273,11 @@ def _crash_after_call(n: int, fn: Any) -> Any:
 # --------------------------------------------------------------------------- faults of the world
 
 
-def test_a_process_group_killed_from_outside_is_lost_and_requeued_at_the_same_tier(make_world: Any) -> None:
-    w = make_world(script='[ "$GPUSCHED_ATTEMPT" = 1 ] && sleep 60; exit 0')
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_process_group_killed_from_outside_is_lost_and_requeued_at_the_same_tier(
+    make_world: Any, backend: str
+) -> None:
+    w = make_world(backend, script='[ "$GPUSCHED_ATTEMPT" = 1 ] && sleep 60; exit 0')
     w.tick()
     a = w.store.attempts("c/j0")[0]
     retry_until(lambda: w.launches_by_job() == {"j0": 1}, timeout=10)
