@@ -81,7 +81,7 @@ class Scheduler:
         and ``assign`` (default :func:`placement.assign`) are seams for the simulator."""
         self.store = store
         self.probe = probe
-        self.executors = dict(executors)
+        self.executors = executors  # not a copy: the daemon's makes a backend on first use
         self.settings = settings or Settings()
         self.on_event = on_event or (lambda msg: log.info("%s", msg))
         self.assign = assign or placement.assign
@@ -97,6 +97,7 @@ class Scheduler:
 
     def tick(self, now: float, *, snapshot: list[GpuState] | None = None) -> TickReport:
         report = TickReport()
+        self._sync_suites()
         live = self.store.live_attempts()
         live = self._reap(live, now, report)
         self._stop_cancelled(live, now)
@@ -210,16 +211,21 @@ class Scheduler:
 
     # ------------------------------------------------------------------ place + launch
 
+    def _sync_suites(self) -> None:
+        """Forget cached suites that were submitted again (or are gone): one small query per
+        tick instead of one per job, however long the queue."""
+        current = dict(self.store.db.execute("SELECT name, submitted_at FROM suites").fetchall())
+        self._suites = {n: c for n, c in self._suites.items() if current.get(n) == c[0]}
+
     def _suite(self, name: str) -> SuiteRow | None:
+        """The suite as last submitted (cached; :meth:`_sync_suites` drops stale entries)."""
         cached = self._suites.get(name)
-        row = self.store.db.execute("SELECT submitted_at FROM suites WHERE name = ?", (name,)).fetchone()
-        if row is None:
-            return None
-        if cached is None or cached[0] != row["submitted_at"]:
+        if cached is None:
             s = self.store.suite(name)
-            assert s is not None
-            self._suites[name] = (row["submitted_at"], s)
-        return self._suites[name][1]
+            if s is None:
+                return None
+            cached = self._suites[name] = (s.submitted_at, s)
+        return cached[1]
 
     def _place(
         self, live: list[AttemptRow], gpus: list[GpuState], att: memory.Attribution, now: float,
@@ -273,7 +279,7 @@ class Scheduler:
             pred = d.prediction(p.tier)
             self._launch(by_id[p.job_id], replace(p, reason=reason), gpus, now, report, pred=pred)
         self._hold(demand, waited, waits, list(base.values()), room)
-        self.store.set_waits(waits)
+        self.store.set_waits({j: why for j, why in waits.items() if by_id[j].wait_reason != why})  # changes only
         report.waiting = len(waits)
 
     def _hold(
@@ -458,6 +464,7 @@ class Scheduler:
         and its job is requeued at the same tier, not counted as lost. An attempt whose
         backend cannot be asked is left as it is. ``only_launching``: just those (the tick
         calls this for attempts a crash left ``launching``)."""
+        self._sync_suites()
         live = self.store.live_attempts()
         if only_launching:
             live = [a for a in live if a.state is AttemptState.LAUNCHING]

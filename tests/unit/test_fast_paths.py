@@ -111,3 +111,58 @@ def test_a_job_row_decodes_its_spec_on_first_use_only(tmp_path) -> None:  # type
     assert row.spec == codec.job_from_json(row.spec_json) == suite.jobs[0]
     assert row.spec is row.spec  # decoded once
     assert json.loads(row.spec_json)["name"] == suite.jobs[0].name
+
+
+class _LazyExecutors(dict):  # type: ignore[type-arg]
+    """Like the daemon's mapping: a backend exists only once something asks for it."""
+
+    def __missing__(self, name: str):  # type: ignore[no-untyped-def]
+        from gpusched.executors.fake import FakeExecutor
+
+        self[name] = FakeExecutor(name=name)
+        return self[name]
+
+    def get(self, name, default=None):  # type: ignore[no-untyped-def]
+        return self[name]
+
+
+def test_a_backend_first_used_after_the_scheduler_started_launches(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`gpusched daemon start`, then a submit: the scheduler must not freeze the daemon's
+    (then empty) mapping of backends."""
+    from gpusched.gpus.fake import FakeProbe
+    from gpusched.model import GpuPlan
+    from gpusched.scheduler import Scheduler
+    from gpusched.store import Store
+    from tests.unit.test_scheduler import make_suite
+
+    store = Store(tmp_path / "db.sqlite")
+    sched = Scheduler(store, FakeProbe.from_spec("1x24GiB"), _LazyExecutors())
+    store.submit(
+        make_suite(tmp_path, n=1),
+        GpuPlan(gpus=(0,), slots=(1,)),
+        backend="fake",
+        cwd=str(tmp_path),
+        env_path=None,
+    )
+    assert [j for j, _, _ in sched.tick(100.0).launched] == ["E1/0-task"]
+
+
+def test_a_suite_submitted_again_is_seen_by_the_next_tick(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from gpusched.executors.fake import FakeExecutor
+    from gpusched.gpus.fake import FakeProbe
+    from gpusched.model import GpuPlan
+    from gpusched.scheduler import Scheduler
+    from gpusched.store import Store
+    from tests.unit.test_scheduler import make_suite
+
+    store = Store(tmp_path / "db.sqlite")
+    sched = Scheduler(store, FakeProbe.from_spec("2x24GiB"), {"fake": FakeExecutor(name="fake")})
+    suite = make_suite(tmp_path, n=4)
+    store.submit(
+        suite, GpuPlan(gpus=(0,), slots=(1,)), backend="fake", cwd=str(tmp_path), env_path=None, now=1.0
+    )
+    assert [g for _, g, _ in sched.tick(100.0).launched] == [0]
+    store.submit(
+        suite, GpuPlan(gpus=(1,), slots=(2,)), backend="fake", cwd=str(tmp_path), env_path=None, now=2.0
+    )
+    assert [g for _, g, _ in sched.tick(101.0).launched] == [1, 1]  # the new plan, not the cached one
