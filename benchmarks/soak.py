@@ -151,7 +151,7 @@ class Chaos:
             if pid is None:
                 c = self.counts()
                 if c["queued"] + c["running"]:
-                    raise RuntimeError(f"no daemon runs, yet {c['queued']} jobs are queued, {c['running']} running")
+                    raise RuntimeError(f"no daemon, yet {c['queued']} jobs queued, {c['running']} running")
                 break  # the suite is done: nothing left to disturb
             os.kill(pid, signal.SIGKILL)
             rep.kills += 1
