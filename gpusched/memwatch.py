@@ -155,47 +155,52 @@ def demands(
     start_safer: bool = True,
     fit_share: bool = True,
 ) -> dict[str, Demand]:
-    """job id -> :class:`Demand` for every job whose suite is known."""
-    suites = sorted({j.suite for j in jobs})
-    tasks = {
-        r["task"]
-        for r in store.db.execute(
-            f"SELECT DISTINCT task FROM jobs WHERE suite IN ({','.join('?' * len(suites))})", suites
-        )
+    """job id -> :class:`Demand` for every job whose suite is known. Jobs of one task without
+    history of their own share one prediction (a 10k-job queue costs one per task)."""
+    rows = {s: suite_of(s) for s in {j.suite for j in jobs}}
+    suites = {name: row for name, row in rows.items() if row is not None and row.suite.tiers}
+    tasks = {name: suite_tasks(store, row) for name, row in suites.items()}
+    samples = history(store, sorted(set().union(*tasks.values(), {j.task for j in jobs})))
+    ratios = {
+        name: memory.ladder_ratios([s for t in tasks[name] for s in samples.get(t, [])], len(row.suite.tiers))
+        for name, row in suites.items()
     }
-    samples = history(store, sorted(tasks | {j.task for j in jobs}))
-    ratios: dict[str, dict[int, float]] = {}
+    mine = {task: {s.job_id for s in ss} for task, ss in samples.items()}
+    memo: dict[tuple[str, str, str], tuple[predict.Prediction, ...]] = {}
     out: dict[str, Demand] = {}
     for job in jobs:
-        suite = suite_of(job.suite)
-        if suite is None or not suite.suite.tiers:
+        suite = suites.get(job.suite)
+        if suite is None:
             continue
-        if job.suite not in ratios:  # the suite's ladder, measured over all of its tasks
-            ratios[job.suite] = memory.ladder_ratios(
-                _suite_samples(store, job.suite, samples), len(suite.suite.tiers)
+        key = (job.suite, job.task, job.id if job.id in mine.get(job.task, ()) else "")
+        if key not in memo:
+            memo[key] = _predictions(
+                job, suite, gpus, room_mib, samples.get(job.task, []), ratios[job.suite], headroom_frac
             )
-        out[job.id] = _demand(
-            job,
-            suite,
-            gpus,
-            room_mib,
-            samples.get(job.task, []),
-            ratios[job.suite],
-            headroom_frac,
-            start_safer,
-            fit_share,
-        )
+        out[job.id] = _demand(job, suite, room_mib, memo[key], start_safer, fit_share)
     return out
 
 
-def _suite_samples(
-    store: Store, suite: str, samples: Mapping[str, list[predict.PeakSample]]
-) -> list[predict.PeakSample]:
-    tasks = [r["task"] for r in store.db.execute("SELECT DISTINCT task FROM jobs WHERE suite = ?", (suite,))]
-    return [s for t in tasks for s in samples.get(t, [])]
+_TASKS: dict[tuple[str, str, float], frozenset[str]] = {}
 
 
-def _demand(
+def suite_tasks(store: Store, suite: SuiteRow) -> frozenset[str]:
+    """The tasks of a suite's jobs (cached until the suite is submitted again)."""
+    key = (str(store.path), suite.name, suite.submitted_at)
+    if key not in _TASKS:
+        if len(_TASKS) > 256:
+            _TASKS.clear()
+        q = "SELECT DISTINCT task FROM jobs WHERE suite = ?"
+        _TASKS[key] = frozenset(r["task"] for r in store.db.execute(q, (suite.name,)))
+    return _TASKS[key]
+
+
+def _best_room(suite: SuiteRow, room_mib: Mapping[int, int]) -> int | None:
+    caps = [(g, suite.gpu_plan.cap(g)) for g in suite.gpu_plan.gpus]
+    return max((room_mib[g] for g, cap in caps if cap > 0 and g in room_mib), default=None)
+
+
+def _predictions(
     job: JobRow,
     suite: SuiteRow,
     gpus: Sequence[GpuState],
@@ -203,22 +208,26 @@ def _demand(
     samples: Sequence[predict.PeakSample],
     ratios: Mapping[int, float],
     headroom_frac: float,
+) -> tuple[predict.Prediction, ...]:
+    fallback, best = default_mib(suite, gpus, headroom_frac), _best_room(suite, room_mib)
+    preds = [
+        predict.predict_peak(job.task, job.id, t, samples, default_mib=fallback, usable_mib=best)
+        for t in range(len(suite.suite.tiers))
+    ]
+    return tuple(memory.fill_ladder(preds, ratios))
+
+
+def _demand(
+    job: JobRow,
+    suite: SuiteRow,
+    room_mib: Mapping[int, int],
+    preds: tuple[predict.Prediction, ...],
     start_safer: bool,
-    fit_share: bool = True,
+    fit_share: bool,
 ) -> Demand:
     tiers = suite.suite.tiers
     allowed = {g: suite.gpu_plan.cap(g) for g in suite.gpu_plan.gpus}
-    best = max((room_mib[g] for g, cap in allowed.items() if cap > 0 and g in room_mib), default=None)
-    fallback = default_mib(suite, gpus, headroom_frac)
-    preds = tuple(
-        memory.fill_ladder(
-            [
-                predict.predict_peak(job.task, job.id, t, samples, default_mib=fallback, usable_mib=best)
-                for t in range(len(tiers))
-            ],
-            ratios,
-        )
-    )
+    best = _best_room(suite, room_mib)
     own = min(job.tier, len(tiers) - 1)
     if start_safer:
         shares = [room_mib[g] // cap for g, cap in allowed.items() if cap > 1 and g in room_mib]
