@@ -9,6 +9,7 @@ migrated forward on open, a newer one is refused with a clear message.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -188,7 +189,7 @@ class JobRow:
 
     @classmethod
     def from_row(cls, r: sqlite3.Row) -> JobRow:
-        d = dict(r)
+        d = _as_dict(r)
         d["spec_json"] = d.pop("spec")
         d["state"] = JobState(d["state"])
         d["cancel_requested"] = bool(d["cancel_requested"])
@@ -224,7 +225,7 @@ class AttemptRow:
 
     @classmethod
     def from_row(cls, r: sqlite3.Row) -> AttemptRow:
-        d = dict(r)
+        d = _as_dict(r)
         d["state"] = AttemptState(d["state"])
         d["handle"] = json.loads(d["handle"]) if d["handle"] else None
         return cls(**d)
@@ -265,7 +266,10 @@ class Store:
                 self.db = sqlite3.connect(uri, uri=True, timeout=timeout_s, isolation_level=None)
             else:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
+                fresh = not self.path.exists()
                 self.db = sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None)
+                if fresh:  # private to the user (SQLite gives -wal/-shm the same mode)
+                    os.chmod(self.path, 0o600)
         except sqlite3.Error as e:
             raise StoreError(f"cannot open the state database {self.path}: {e}") from e
         self.db.row_factory = sqlite3.Row
@@ -464,6 +468,31 @@ class Store:
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         return [JobRow.from_row(r) for r in self.db.execute(sql, args)]
+
+    def jobs_first(self, *, suite: str | None = None, limit: int) -> list[JobRow]:
+        """Up to ``limit`` jobs, those a person looks for first: running, failed, queued,
+        cancelled, then succeeded, in submission order within each state. Reads at most
+        ``limit`` rows per state (an index walk), however many jobs the store holds."""
+        first = (JobState.RUNNING, JobState.FAILED, JobState.QUEUED, JobState.CANCELLED, JobState.SUCCEEDED)
+        out: list[JobRow] = []
+        for state in (*first, *(s for s in JobState if s not in first)):
+            if len(out) >= limit:
+                break
+            sql, args = "SELECT * FROM jobs WHERE state = ?", [state.value]
+            if suite is not None:
+                sql += " AND suite = ?"
+                args.append(suite)
+            rows = self.db.execute(sql + " ORDER BY seq LIMIT ?", [*args, limit - len(out)])
+            out += [JobRow.from_row(r) for r in rows]
+        return out
+
+    def active_suites(self, *, suite: str | None = None) -> set[str]:
+        """Names of the suites (of ``suite`` only, when given) with queued or running jobs."""
+        sql, args = "SELECT DISTINCT suite FROM jobs WHERE state IN (?, ?)", list(ACTIVE_STATES)
+        if suite is not None:
+            sql += " AND suite = ?"
+            args.append(suite)
+        return {r["suite"] for r in self.db.execute(sql, args)}
 
     def counts(self, *, suite: str | None = None) -> dict[str, int]:
         """Jobs per state (all states present, zeros included)."""
@@ -740,6 +769,12 @@ class Store:
 
     def gpu_samples(self, since: float = 0.0) -> list[sqlite3.Row]:
         return self.db.execute("SELECT * FROM gpu_samples WHERE at >= ? ORDER BY at", (since,)).fetchall()
+
+
+def _as_dict(r: sqlite3.Row) -> dict[str, Any]:
+    """``dict(r)``, three times faster: ``dict(r)`` looks every column up by name (a scan
+    of the names), zip pairs them by position (``status`` reads 10k rows)."""
+    return dict(zip(r.keys(), r, strict=True))
 
 
 def _chunks(xs: list[Any], n: int) -> Iterator[list[Any]]:

@@ -255,6 +255,7 @@ def test_state_dir_socket_fifo_and_env_snapshot_are_private(gs_home: Path, proje
     assert mode(gs_home / "env" / "priv.sh") == 0o600  # the submitting shell's env: may hold tokens
     assert mode(gs_home / "wake") == 0o600 and stat.S_ISFIFO((gs_home / "wake").stat().st_mode)
     assert mode(gs_home / "tmux.sock") & 0o077 == 0
+    assert mode(gs_home / "gpusched.db") == 0o600  # the queue: commands, env values, paths
     assert all(mode(p) & 0o077 == 0 or p.parent == gs_home for p in gs_home.rglob("*"))
 
 
