@@ -104,18 +104,18 @@ def attribute(gpus: Sequence[GpuState], trees: Sequence[Tree]) -> Attribution:
     ours: dict[int, int] = {}
     for g in gpus:
         for p in g.processes:
-            t = by_pid.get(p.pid)
-            if t is None:
+            tree = by_pid.get(p.pid)
+            if tree is None:
                 outside[g.index] = outside.get(g.index, 0) + (p.used_mib or 0)
                 continue
-            owners[(g.index, p.pid)] = Owner(job_id=t.job_id, ending=t.ending)
+            owners[(g.index, p.pid)] = Owner(job_id=tree.job_id, ending=tree.ending)
             ours[g.index] = ours.get(g.index, 0) + (p.used_mib or 0)
-            if t.gpu is not None and g.index != t.gpu:
-                elsewhere[t.attempt_id].append((g.index, p.pid))
+            if tree.gpu is not None and g.index != tree.gpu:
+                elsewhere[tree.attempt_id].append((g.index, p.pid))
                 continue
-            on_gpu[t.attempt_id].add(p.pid)
+            on_gpu[tree.attempt_id].add(p.pid)
             if p.used_mib is not None:
-                used[t.attempt_id] = used.get(t.attempt_id, 0) + p.used_mib
+                used[tree.attempt_id] = used.get(tree.attempt_id, 0) + p.used_mib
     usage = {
         t.attempt_id: Usage(
             attempt_id=t.attempt_id,
@@ -253,14 +253,13 @@ def start_tier(
        runs alone on the roomiest card once that card is empty."""
     tier = max(0, min(tier, len(predicted) - 1))
     here = predicted[tier]
-    over_share = share_mib is not None and here is not None and here > share_mib and _at(learned, tier)
-    if over_share:
+    if share_mib is not None and here is not None and here > share_mib and _at(learned, tier):
         for t in range(tier + 1, len(predicted)):
             p = predicted[t]
-            if not _at(exclusive, t) and _at(learned, t) and p is not None and p <= share_mib:  # type: ignore[operator]
+            if not _at(exclusive, t) and _at(learned, t) and p is not None and p <= share_mib:
                 note = (
                     f"tier {names[t]} instead of {names[tier]}: ~{gib(here)} at {names[tier]} is more than a"
-                    f" slot's share of a card ({gib(share_mib or 0)}); ~{gib(p)} at {names[t]} is not"
+                    f" slot's share of a card ({gib(share_mib)}); ~{gib(p)} at {names[t]} is not"
                 )
                 return Start(tier=t, predicted_mib=p, note=note)
     if room_mib is None or here is None or here <= room_mib:
