@@ -128,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--policy", default="gpusched", help="gpusched (default), slots, ts, static, or all")
     s.add_argument("--seed", type=int, default=0, help="noise of the runs (and of the synthetic trace)")
     s.add_argument("--json", action="store_true", help="machine-readable results")
+    s.add_argument("--plot", help="timeline of the (first) policy's simulated night, .png/.svg/.pdf,"
+                   " as `gpusched report --plot` draws a real one")
     s.set_defaults(func=cmd_simulate)
 
     s = sub.add_parser("report", help="the morning after: a suite's jobs, GPUs, GPU-hours; CSV/JSON/timeline")
@@ -571,7 +573,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if any(n not in sim.POLICIES for n in names):
         raise UsageError(f"--policy {args.policy}: use one of {', '.join(sim.POLICIES)}, or all")
     trace = _trace(args, suite, sim)
+    if args.plot:
+        from gpusched import plot
+
+        plot.require(args.plot)  # before the run: a missing matplotlib is one line, not wasted work
     results = [sim.simulate(trace, gplan, totals, policy=n, suite=suite, seed=args.seed) for n in names]
+    if args.plot:
+        plot.timeline(results[0].report, args.plot, title=f"{suite.name}, simulated ({results[0].label})")
     if args.json:
         print(json.dumps([r.as_dict() for r in results]))
         return 0

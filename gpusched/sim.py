@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gpusched import placement
+from gpusched import placement, report
 from gpusched.executors.fake import FakeExecutor
 from gpusched.gpus.fake import FakeProbe, FakeUsage
 from gpusched.memory import HostMemory
@@ -291,6 +291,7 @@ class SimResult:
     tiers: Mapping[str, int]  # successful runs per tier
     outsider_ooms: int = 0  # outside processes whose allocation failed
     finished: bool = True  # False: stopped at max_s with jobs left
+    report: Any = field(default=None, compare=False, repr=False)  # gpusched.report.SuiteReport of the night
 
     @property
     def oom_count(self) -> int:
@@ -432,7 +433,9 @@ class Simulation:
         )
         self.store.submit(suite, self.plan, backend="fake", cwd=str(tmp), env_path=None, now=0.0)
         try:
-            return self._loop()
+            result = self._loop()
+            # the same report (and timeline) as `gpusched report` gives for a real night
+            return replace(result, report=report.from_store(self.store, suite.name, now=self.now))
         finally:
             self.store.close()
 
