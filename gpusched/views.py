@@ -18,7 +18,7 @@ from gpusched.model import GpuState, JobState
 from gpusched.placement import DEFAULT_HEADROOM_FRAC
 from gpusched.store import AttemptRow, JobRow, Store, SuiteRow
 
-MAX_TABLE_JOBS = 200
+MAX_TABLE_JOBS = 40  # rows of the plain table: running and failed first; the rest is summed up by state
 
 
 def gib(mib: int | None) -> str:
@@ -76,16 +76,22 @@ def status_doc(
     job_limit: int | None = None,
     trees: memwatch.TreesFn | None = None,
     host: memory.HostMemory | None = None,
+    table_rows: int | None = None,
 ) -> dict[str, Any]:
     """The whole status as plain data. Keys of ``gpus`` and ``jobs`` entries are stable.
-    ``trees`` and ``host`` replace the real process table and host RAM (tests)."""
+    ``jobs`` lists every job in submission order, or with ``table_rows`` only that many, the
+    ones the table shows first (:meth:`Store.jobs_first`): then the cost does not grow with
+    the store. ``trees`` and ``host`` replace the real process table and host RAM (tests)."""
     now = time.time() if now is None else now
     suites = {s.name: s for s in store.suites()}
-    jobs = store.jobs(suite=suite, limit=job_limit)
+    if table_rows is None:
+        jobs = store.jobs(suite=suite, limit=job_limit)
+    else:
+        jobs = store.jobs_first(suite=suite, limit=table_rows)
     last = store.last_attempts([j.id for j in jobs if j.attempts])
     live = store.live_attempts()
     running_on = Counter(a.gpu for a in live if a.gpu is not None)
-    active = {j.suite for j in jobs if not j.state.terminal} or set(suites)
+    active = store.active_suites(suite=suite) or set(suites)
     slots: dict[int, int] = {}
     for s in suites.values():
         if s.name in active:
@@ -246,7 +252,8 @@ def render_status(doc: dict[str, Any], *, max_jobs: int = MAX_TABLE_JOBS) -> Any
             )
         parts.append(gt)
     jobs = doc["jobs"]
-    jt = Table(title=f"Jobs ({len(jobs)})", title_justify="left")
+    total = sum(doc["counts"].values())
+    jt = Table(title=f"Jobs ({total})", title_justify="left")
     cols = ("job", "state", "GPU", "tier", "attempt", "runtime", "memory GiB", "outcome / why / last line")
     for col in cols:
         jt.add_column(col, overflow="fold")
@@ -266,9 +273,16 @@ def render_status(doc: dict[str, Any], *, max_jobs: int = MAX_TABLE_JOBS) -> Any
             Text((f"[{j['outcome']}] " if j.get("outcome") and j["state"] != "running" else "") + (why or "")),
         )
     parts.append(jt)
-    if len(shown) < len(jobs):
-        parts.append(Text(f"... {len(jobs) - len(shown)} more jobs (use --json or --suite)", style="dim"))
+    if len(shown) < total:
+        parts.append(Text(f"... {_hidden(doc['counts'], shown)} (use --json or --suite)", style="dim"))
     return Group(*parts)
+
+
+def _hidden(counts: dict[str, int], shown: list[dict[str, Any]]) -> str:
+    """``"7786 more jobs: 7772 queued, 14 succeeded"``: what the table leaves out, by state."""
+    seen = Counter(j["state"] for j in shown)
+    left = {state: n - seen[state] for state, n in counts.items() if n > seen[state]}
+    return f"{sum(left.values())} more jobs: " + ", ".join(f"{n} {state}" for state, n in left.items())
 
 
 def memory_cell(j: dict[str, Any]) -> str:

@@ -166,3 +166,32 @@ def test_a_suite_submitted_again_is_seen_by_the_next_tick(tmp_path) -> None:  # 
         suite, GpuPlan(gpus=(1,), slots=(2,)), backend="fake", cwd=str(tmp_path), env_path=None, now=2.0
     )
     assert [g for _, g, _ in sched.tick(101.0).launched] == [1, 1]  # the new plan, not the cached one
+
+
+def test_the_status_table_reads_only_the_rows_it_shows(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Plain `status` costs what its 40 rows cost however big the store; the rest is summed
+    up by state, and the counts, GPUs and slots are those of the whole store."""
+    import io
+
+    from rich.console import Console
+
+    from gpusched.model import GpuPlan
+    from gpusched.store import Store
+    from gpusched.views import MAX_TABLE_JOBS, render_status, status_doc
+    from tests.unit.test_scheduler import make_suite
+
+    store = Store(tmp_path / "db.sqlite")
+    suite = make_suite(tmp_path, n=300)
+    store.submit(suite, GpuPlan(gpus=(0, 1), slots=(2, 1)), backend="fake", cwd=str(tmp_path), env_path=None)
+    store.request_cancel([j.id for j in suite.jobs[10:]])
+    first = store.jobs_first(limit=MAX_TABLE_JOBS)
+    assert [j.state.value for j in first] == ["queued"] * 10 + ["cancelled"] * (MAX_TABLE_JOBS - 10)
+    assert [j.name for j in first][9:11] == ["9-task", "10-task"]  # submission order within a state
+    full = status_doc(store, [], daemon=None, now=0.0)
+    table = status_doc(store, [], daemon=None, now=0.0, table_rows=MAX_TABLE_JOBS)
+    assert len(full["jobs"]) == 300 and len(table["jobs"]) == MAX_TABLE_JOBS
+    assert table["counts"] == full["counts"] and table["gpus"] == full["gpus"]
+    out = io.StringIO()
+    Console(file=out, width=200).print(render_status(table))
+    text = out.getvalue()
+    assert "Jobs (300)" in text and "260 more jobs: 260 cancelled (use --json or --suite)" in text
