@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from gpusched.errors import PlanError
 from gpusched.gpus import Probe
 from gpusched.gpus.fake import SPEC_ENV, STATE_ENV, FakeProbe
-from gpusched.gpus.nvml import NvmlProbe
 from gpusched.model import GpuState
+
+if TYPE_CHECKING:  # imported where used: pynvml and tenacity cost ~15 ms, fake probes need neither
+    from gpusched.gpus.nvml import NvmlProbe
 
 SPEC_FORMS = "'fake:4x24GiB', 'nvml' or 'none'"
 
@@ -42,6 +45,8 @@ def make_probe(spec: str | None = None, environ: Mapping[str, str] | None = None
         return _from_spec(spec.strip(), env)
     if env.get(SPEC_ENV, "").strip():
         return FakeProbe.from_spec(env[SPEC_ENV], state_path=_state_path(env))
+    from gpusched.gpus.nvml import NvmlProbe
+
     nvml = NvmlProbe()
     if nvml.is_available():
         return nvml
@@ -54,6 +59,8 @@ def _from_spec(spec: str, env: Mapping[str, str]) -> Probe:
     if kind == "fake" and rest.strip():
         return FakeProbe.from_spec(rest, state_path=_state_path(env), source=f"probe {spec!r}")
     if kind == "nvml" and not rest:
+        from gpusched.gpus.nvml import NvmlProbe
+
         return NvmlProbe()
     if kind == "none" and not rest:
         return NoProbe()
