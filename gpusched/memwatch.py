@@ -166,7 +166,9 @@ def demands(
         for name, row in suites.items()
     }
     mine = {task: {s.job_id for s in ss} for task, ss in samples.items()}
+    cards = {name: _Cards.of(row, room_mib) for name, row in suites.items()}
     memo: dict[tuple[str, str, str], tuple[predict.Prediction, ...]] = {}
+    starts: dict[tuple[str, str, str, int], memory.Start] = {}
     out: dict[str, Demand] = {}
     for job in jobs:
         suite = suites.get(job.suite)
@@ -177,8 +179,26 @@ def demands(
             memo[key] = _predictions(
                 job, suite, gpus, room_mib, samples.get(job.task, []), ratios[job.suite], headroom_frac
             )
-        out[job.id] = _demand(job, suite, room_mib, memo[key], start_safer, fit_share)
+        own = min(job.tier, len(suite.suite.tiers) - 1)
+        if (*key, own) not in starts:  # the same predictions from the same tier start alike
+            starts[(*key, own)] = _start(suite, cards[job.suite], memo[key], own, start_safer, fit_share)
+        out[job.id] = _demand(job, suite, cards[job.suite], memo[key], starts[(*key, own)])
     return out
+
+
+@dataclass(frozen=True)
+class _Cards:
+    """What a suite's gpu-plan allows, worked out once per call, not once per job."""
+
+    allowed: dict[int, int]  # card -> the plan's slot cap (shared by the suite's queued jobs)
+    best: int | None  # the most room on a card of the plan
+    share: int | None  # the most room per slot on a card of the plan with several slots
+
+    @classmethod
+    def of(cls, suite: SuiteRow, room_mib: Mapping[int, int]) -> _Cards:
+        allowed = {g: suite.gpu_plan.cap(g) for g in suite.gpu_plan.gpus}
+        shares = [room_mib[g] // cap for g, cap in allowed.items() if cap > 1 and g in room_mib]
+        return cls(allowed, _best_room(suite, room_mib), max(shares) if shares else None)
 
 
 _TASKS: dict[tuple[str, str, float], frozenset[str]] = {}
@@ -217,38 +237,38 @@ def _predictions(
     return tuple(memory.fill_ladder(preds, ratios))
 
 
-def _demand(
-    job: JobRow,
+def _start(
     suite: SuiteRow,
-    room_mib: Mapping[int, int],
+    cards: _Cards,
     preds: tuple[predict.Prediction, ...],
+    own: int,
     start_safer: bool,
     fit_share: bool,
-) -> Demand:
+) -> memory.Start:
+    if not start_safer:
+        return memory.Start(tier=own, predicted_mib=preds[own].mib)
     tiers = suite.suite.tiers
-    allowed = {g: suite.gpu_plan.cap(g) for g in suite.gpu_plan.gpus}
-    best = _best_room(suite, room_mib)
-    own = min(job.tier, len(tiers) - 1)
-    if start_safer:
-        shares = [room_mib[g] // cap for g, cap in allowed.items() if cap > 1 and g in room_mib]
-        start = memory.start_tier(
-            [p.mib for p in preds],
-            own,
-            [t.name for t in tiers],
-            best,
-            share_mib=max(shares) if fit_share and shares else None,
-            learned=[p.source in LEARNED_SOURCES for p in preds],
-            exclusive=[t.exclusive for t in tiers],
-        )
-    else:
-        start = memory.Start(tier=own, predicted_mib=preds[own].mib)
+    return memory.start_tier(
+        [p.mib for p in preds],
+        own,
+        [t.name for t in tiers],
+        cards.best,
+        share_mib=cards.share if fit_share else None,
+        learned=[p.source in LEARNED_SOURCES for p in preds],
+        exclusive=[t.exclusive for t in tiers],
+    )
+
+
+def _demand(
+    job: JobRow, suite: SuiteRow, cards: _Cards, preds: tuple[predict.Prediction, ...], start: memory.Start
+) -> Demand:
     view = placement.QueuedJob(
         job_id=job.id,
         seq=job.seq,
         priority=job.priority,
         tier=start.tier,
-        tiers=tiers,
-        allowed=allowed,
+        tiers=suite.suite.tiers,
+        allowed=cards.allowed,
         predicted_mib=start.predicted_mib,
         avoid_gpu=job.avoid_gpu,
     )
