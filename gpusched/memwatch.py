@@ -424,7 +424,12 @@ class MemoryWatch:
     ) -> dict[str, float]:
         """job id -> how long memory (not slots, not the plan) has kept it off every card,
         without a break; 0 for jobs it does not keep waiting now."""
-        bound = {j for j, d in demand.items() if memory.memory_bound(d.view, views, headroom_frac)}
+        held = placement.held_jobs(views)
+        kinds: dict[tuple[object, ...], placement.QueuedJob] = {}  # equal rules_key: bound alike
+        for d in demand.values():
+            kinds.setdefault(placement.rules_key(d.view, held), d.view)
+        bound_kinds = {k for k, v in kinds.items() if memory.memory_bound(v, views, headroom_frac)}
+        bound = {j for j, d in demand.items() if placement.rules_key(d.view, held) in bound_kinds}
         since = {j: self.memory_bound_since.get(j, now) for j in bound}
         self.memory_bound_since = since
         return {j: now - since[j] if j in since else 0.0 for j in demand}

@@ -108,10 +108,10 @@ def assign(
     # A job that waits leaves the views as they were, so a later job the rules cannot tell
     # from it waits for the same reason: a long queue costs one check per kind of job, not
     # one per job, until the next placement changes the views.
-    held = {g.held_for for g in gpus if g.held_for is not None}
+    held = held_jobs(gpus)
     waited: dict[tuple[object, ...], str] = {}
     for job in sorted(queued, key=job_order):
-        key = _wait_key(job, held)
+        key = rules_key(job, held)
         if key in waited:
             waits.append(Wait(job_id=job.job_id, reason=waited[key]))
             continue
@@ -127,10 +127,16 @@ def assign(
     return Decision(placements=tuple(placements), waits=tuple(waits))
 
 
-def _wait_key(job: QueuedJob, held: set[str]) -> tuple[object, ...]:
-    """All that the rules and the wait reason read of a job that cannot be placed (its
-    ``avoid_gpu`` only matters once a GPU fits). ``tiers`` by identity: the jobs of one
-    suite share one ladder, and every ladder outlives the call."""
+def held_jobs(gpus: Iterable[GpuSlotView]) -> set[str]:
+    """The jobs some card is kept free for."""
+    return {g.held_for for g in gpus if g.held_for is not None}
+
+
+def rules_key(job: QueuedJob, held: set[str]) -> tuple[object, ...]:
+    """All that the vetoes and the wait reason read of a job: jobs with equal keys are vetoed
+    alike by every card (``avoid_gpu`` only matters once a card fits). ``held``: see
+    :func:`held_jobs`. ``tiers`` by identity: the jobs of one suite share one ladder, and
+    every ladder outlives the caller's loop."""
     return (id(job.tiers), job.tier, tuple(job.allowed.items()), job.predicted_mib,
             job.job_id if job.job_id in held else None)
 
