@@ -268,7 +268,7 @@ def _print_dry_run(suite, gplan, backend: str, as_json: bool) -> int:  # type: i
 # --------------------------------------------------------------------------- status
 
 
-def _status_doc(args: argparse.Namespace, store, probe=None) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+def _status_doc(args: argparse.Namespace, store, probe=None, table_rows=None) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     from gpusched import daemon
     from gpusched.gpus.select import make_probe
     from gpusched.views import status_doc
@@ -276,7 +276,8 @@ def _status_doc(args: argparse.Namespace, store, probe=None) -> dict[str, Any]: 
     home = _home()
     info = daemon.info(home)
     probe = probe or make_probe(_daemon_probe_spec(info))
-    doc = status_doc(store, probe.snapshot(), daemon=info, suite=args.suite, notice=probe.notice())
+    doc = status_doc(store, probe.snapshot(), daemon=info, suite=args.suite, notice=probe.notice(),
+                     table_rows=table_rows)
     _add_slurm_details(doc)
     return doc
 
@@ -315,22 +316,23 @@ def cmd_status(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from gpusched.gpus.select import make_probe
-    from gpusched.views import render_status
+    from gpusched.views import MAX_TABLE_JOBS, render_status
 
     console = Console()
+    rows = MAX_TABLE_JOBS  # read only the rows the table shows: a 10k-job store costs what 40 jobs cost
     if not args.watch:
-        console.print(render_status(_status_doc(args, store)))
+        console.print(render_status(_status_doc(args, store, table_rows=rows)))
         return 0
     from rich.live import Live
 
     from gpusched import daemon
 
     probe = make_probe(_daemon_probe_spec(daemon.info(_home())))
-    with Live(render_status(_status_doc(args, store, probe)), console=console, screen=False,
+    with Live(render_status(_status_doc(args, store, probe, rows)), console=console, screen=False,
               refresh_per_second=4) as live:
         while True:
             time.sleep(args.interval)
-            live.update(render_status(_status_doc(args, store, probe)))
+            live.update(render_status(_status_doc(args, store, probe, rows)))
 
 
 # --------------------------------------------------------------------------- jobs
