@@ -195,3 +195,29 @@ def test_the_status_table_reads_only_the_rows_it_shows(tmp_path) -> None:  # typ
     Console(file=out, width=200).print(render_status(table))
     text = out.getvalue()
     assert "Jobs (300)" in text and "260 more jobs: 260 cancelled (use --json or --suite)" in text
+
+
+def test_rows_are_the_records_their_dataclass_would_build(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import dataclasses
+
+    import pytest
+
+    from gpusched.model import GpuPlan
+    from gpusched.store import JobRow, Store, _record
+    from tests.unit.test_scheduler import make_suite
+
+    store = Store(tmp_path / "db.sqlite")
+    store.submit(
+        make_suite(tmp_path, n=1),
+        GpuPlan(gpus=(0,), slots=(1,)),
+        backend="fake",
+        cwd=str(tmp_path),
+        env_path=None,
+    )
+    row = store.jobs()[0]
+    built = JobRow(**{f.name: getattr(row, f.name) for f in dataclasses.fields(JobRow)})
+    assert row == built and hash(row) == hash(built) and repr(row) == repr(built)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        row.tier = 3  # type: ignore[misc]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'extra'"):
+        _record(JobRow, {**vars(built), "extra": 1})  # a column the record does not know is not dropped
