@@ -50,6 +50,11 @@ set -g history-limit 20000
 #: Unix socket paths are limited to sizeof(sun_path) - 1 bytes.
 SOCKET_PATH_MAX = 107
 TIMEOUT_S = 30.0
+#: Windows of ours kept on the server, newest first: beyond this many, each launch also closes
+#: the oldest whose attempt has ended. A server holding thousands of dead panes makes every
+#: tmux call slower (new-window: 5.6 ms with 0 windows, 8.3 ms with 1000) and keeps their
+#: scrollback in memory; an ended job's output stays in its output.log.
+KEEP_WINDOWS = 200
 
 _SEP = "\t"
 _IDS = _SEP.join(["#{pane_id}", "#{window_id}", "#{session_id}", "#{pane_pid}"])
@@ -107,13 +112,16 @@ def window_args(req: LaunchRequest) -> list[str]:
     return [*args, "-P", "-F", _IDS, "--", "sh", str(WRAPPER), str(req.attempt_dir), "tee"]
 
 
-def launch_argv(req: LaunchRequest, *, new_session: bool, replaces: str | None = None) -> list[str]:
+def launch_argv(
+    req: LaunchRequest, *, new_session: bool, replaces: str | None = None, closes: Sequence[str] = ()
+) -> list[str]:
     """The tmux arguments (after ``-S SOCKET``) that start ``req``'s wrapper in one exec.
 
     The window is created detached (``-d``: an attached user's view does not jump) after the
     session's last window (``-a``), so ``{end}`` names it in the commands that follow. Its
     pane is tagged with ``@gpusched_token`` and ``@gpusched_job``; ``replaces`` (the job's
-    previous window, if any) is closed last, so the session never empties on the way.
+    previous window, if any), then ``closes`` (old windows of ended attempts) are closed
+    last, so the session never empties on the way.
     """
     sess = session_name(req.suite)
     end = f"={sess}:{{end}}"
@@ -127,8 +135,8 @@ def launch_argv(req: LaunchRequest, *, new_session: bool, replaces: str | None =
         ["set-option", "-p", "-t", end, "@gpusched_token", req.token],
         ["set-option", "-p", "-t", end, "@gpusched_job", req.job_id],
     ]
-    close = [["kill-window", "-t", replaces]] if replaces else []
-    return chain(*create, *tag, *close)
+    gone = ([replaces] if replaces else []) + [w for w in closes if w != replaces]
+    return chain(*create, *tag, *(["kill-window", "-t", w] for w in gone))
 
 
 def attach_args(handle: Handle) -> list[str]:
@@ -204,6 +212,8 @@ class TmuxExecutor:
         self._known = False
         self._sessions: set[str] = set()
         self._windows: dict[tuple[str, str], str] = {}
+        # our windows, oldest first: window -> (its (session, job name), wrapper pid, start)
+        self._launched: dict[str, tuple[tuple[str, str], int, float | None]] = {}
 
     @property
     def socket(self) -> str:
@@ -224,7 +234,9 @@ class TmuxExecutor:
         for fresh in (False, True):
             new_session = sess not in self._sessions
             replaces = self._windows.get((sess, req.job_name))
-            r = self._tmux(launch_argv(req, new_session=new_session, replaces=replaces), check=False)
+            closes = self._ended_beyond_keep(exclude=replaces)
+            argv = launch_argv(req, new_session=new_session, replaces=replaces, closes=closes)
+            r = self._tmux(argv, check=False)
             ids = parse_ids(r.stdout)
             if ids is not None or fresh:
                 break
@@ -235,16 +247,32 @@ class TmuxExecutor:
             log.log(logging.DEBUG if replaces else logging.WARNING, "tmux after launch: %s", r.stderr.strip())
         pane, window, session, pid = ids
         self._sessions.add(sess)
+        for gone in [replaces, *closes]:
+            self._forget(gone)
         self._windows[(sess, req.job_name)] = window
+        started = proc.started_at(pid, zombies=True)
+        self._launched[window] = ((sess, req.job_name), pid, started)
         if new_session:
             self._make_socket_private()
-        return {
-            "pane": pane,
-            "window": window,
-            "session": session,
-            "pid": pid,
-            "pid_started_at": proc.started_at(pid, zombies=True),
-        }
+        return {"pane": pane, "window": window, "session": session, "pid": pid, "pid_started_at": started}
+
+    def _ended_beyond_keep(self, exclude: str | None) -> list[str]:
+        """Our oldest windows whose attempt has ended, as many as exceed KEEP_WINDOWS with the
+        one about to open (usually one, found at the front: the oldest windows are the ended
+        ones). No tmux call: a /proc read per window looked at."""
+        excess = len(self._launched) + 1 - KEEP_WINDOWS - (exclude in self._launched)
+        out: list[str] = []
+        for window, (_, pid, started) in self._launched.items():
+            if len(out) >= excess:
+                break
+            if window != exclude and not proc.group_alive(pid, started):
+                out.append(window)
+        return out
+
+    def _forget(self, window: str | None) -> None:
+        entry = self._launched.pop(window, None) if window else None
+        if entry is not None and self._windows.get(entry[0]) == window:
+            del self._windows[entry[0]]
 
     def alive(self, handle: Handle) -> bool:
         """True while the wrapper runs, or anything it left in its process group. No tmux
@@ -279,6 +307,7 @@ class TmuxExecutor:
         for key, wid in list(self._windows.items()):
             if wid == window:
                 del self._windows[key]
+        self._launched.pop(window, None)
 
     # ------------------------------------------------------------------ for the CLI and views
 
@@ -328,6 +357,11 @@ class TmuxExecutor:
             rows = [row for line in r.stdout.splitlines() if (row := PaneRow.parse(line))]
         self._sessions = {row.session_name for row in rows}
         self._windows = {(row.session_name, row.window_name): row.window for row in rows if row.token}
+        self._launched = {  # in the server's order, which is creation order within a session
+            row.window: ((row.session_name, row.window_name), 0 if row.dead else row.pid, None)
+            for row in rows
+            if row.token
+        }
         self._known = True
         return rows
 

@@ -494,3 +494,25 @@ def test_parse_ids() -> None:
     assert parse_ids("%3\t@2\t$1\t4242\n") == ("%3", "@2", "$1", 4242)
     assert parse_ids("") is None
     assert parse_ids("can't find session\n") is None
+
+
+def test_only_the_newest_windows_stay_and_running_ones_never_close(
+    tmux_bench: Bench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long night must not pile thousands of dead panes on the server: beyond KEEP_WINDOWS,
+    each launch closes the oldest window whose attempt ended, in the same tmux exec."""
+    import gpusched.executors.tmux as tmux_module
+
+    monkeypatch.setattr(tmux_module, "KEEP_WINDOWS", 3)
+    long_job, rpaths, _ = tmux_bench.launch(GATED, job_name="long")
+    retry_until((rpaths.dir / "started").exists)
+    ended = []
+    for _ in range(5):
+        h, paths, _ = tmux_bench.launch(EXIT3)
+        exited(paths)
+        retry_until(lambda h=h: not tmux_bench.ex.alive(h))
+        ended.append(h["window"])
+    windows = tmux_bench.tmux("list-windows", "-a", "-F", "#{window_id}").split()
+    assert long_job["window"] in windows  # the oldest, but still running
+    assert windows == [long_job["window"], *ended[-2:]]
+    (rpaths.dir / "gate").touch()
