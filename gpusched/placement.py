@@ -135,9 +135,9 @@ def held_jobs(gpus: Iterable[GpuSlotView]) -> set[str]:
 def rules_key(job: QueuedJob, held: set[str]) -> tuple[object, ...]:
     """All that the vetoes and the wait reason read of a job: jobs with equal keys are vetoed
     alike by every card (``avoid_gpu`` only matters once a card fits). ``held``: see
-    :func:`held_jobs`. ``tiers`` by identity: the jobs of one suite share one ladder, and
-    every ladder outlives the caller's loop."""
-    return (id(job.tiers), job.tier, tuple(job.allowed.items()), job.predicted_mib,
+    :func:`held_jobs`. ``tiers`` and ``allowed`` by identity: the jobs of one suite share one
+    ladder and one map of caps, and both outlive the caller's loop."""
+    return (id(job.tiers), job.tier, id(job.allowed), job.predicted_mib,
             job.job_id if job.job_id in held else None)
 
 
