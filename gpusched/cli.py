@@ -13,11 +13,19 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from gpusched import __version__
 from gpusched.errors import GpuschedError, UsageError, did_you_mean
 from gpusched.home import Home
+
+if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
+    from collections.abc import Callable
+
+    from gpusched.attempt import AttemptPaths
+    from gpusched.gpus import Probe
+    from gpusched.model import GpuPlan, Suite
+    from gpusched.store import JobRow, Store
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line + exit 2, as for every other bad input
+    def error(self, message: str) -> NoReturn:  # one line + exit 2, as for every other bad input
         self.exit(2, f"gpusched: {message} (see `{self.prog} --help`)\n")
 
 
@@ -149,7 +157,7 @@ def _home() -> Home:
     return Home.from_env().ensure()
 
 
-def _store(*, readonly: bool = False):  # type: ignore[no-untyped-def]
+def _store(*, readonly: bool = False) -> Store:
     from gpusched.store import Store
 
     home = _home()
@@ -161,7 +169,7 @@ def _probe_spec(fake: str | None) -> str | None:
     return f"fake:{fake}" if fake else None
 
 
-def resolve_jobs(store, patterns: list[str]) -> list[str]:  # type: ignore[no-untyped-def]
+def resolve_jobs(store: Store, patterns: list[str]) -> list[str]:
     """Job ids for ids, bare names (when unambiguous) or shell patterns; unknown -> UsageError."""
     ids = [r["id"] for r in store.db.execute("SELECT id FROM jobs ORDER BY seq")]
     out: list[str] = []
@@ -252,7 +260,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_dry_run(suite, gplan, backend: str, as_json: bool) -> int:  # type: ignore[no-untyped-def]
+def _print_dry_run(suite: Suite, gplan: GpuPlan, backend: str, as_json: bool) -> int:
     names = [j.name for j in suite.jobs]
     if as_json:
         print(json.dumps({"suite": suite.name, "jobs": names, "gpu_plan": gplan.as_text(), "backend": backend}))
@@ -268,7 +276,9 @@ def _print_dry_run(suite, gplan, backend: str, as_json: bool) -> int:  # type: i
 # --------------------------------------------------------------------------- status
 
 
-def _status_doc(args: argparse.Namespace, store, probe=None, table_rows=None) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+def _status_doc(
+    args: argparse.Namespace, store: Store, probe: Probe | None = None, table_rows: int | None = None
+) -> dict[str, Any]:
     from gpusched import daemon
     from gpusched.gpus.select import make_probe
     from gpusched.views import status_doc
@@ -338,7 +348,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- jobs
 
 
-def _one_job(store, ref: str):  # type: ignore[no-untyped-def]
+def _one_job(store: Store, ref: str) -> JobRow:
     ids = resolve_jobs(store, [ref])
     if len(ids) != 1:
         raise UsageError(f"'{ref}' matches {len(ids)} jobs: name one job")
@@ -369,8 +379,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
         )
     from gpusched.executors.tmux import TmuxExecutor
 
-    ex = TmuxExecutor(_home())
-    argv = ex.attach_argv(a.handle)
+    argv = TmuxExecutor(_home()).attach_argv(a.handle)
     env = {k: v for k, v in os.environ.items() if k != "TMUX"}
     os.execvpe(argv[0], argv, env)
     return 0  # not reached
@@ -405,7 +414,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _follow(store, job_id: str, attempt_id: int, paths) -> int:  # type: ignore[no-untyped-def]
+def _follow(store: Store, job_id: str, attempt_id: int, paths: AttemptPaths) -> int:
     try:
         f = open(paths.output, "rb")
     except OSError:
@@ -517,7 +526,9 @@ def _revive_daemon() -> None:
         print("gpusched: no daemon was running; started one (it re-adopts running jobs)", file=sys.stderr)
 
 
-def _wait_loop(counts, deadline, show) -> dict[str, int] | None:  # type: ignore[no-untyped-def]
+def _wait_loop(
+    counts: Callable[[], dict[str, int]], deadline: float | None, show: Callable[[dict[str, int]], None]
+) -> dict[str, int] | None:
     while True:
         c = counts()
         show(c)
@@ -592,7 +603,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _trace(args: argparse.Namespace, suite, sim):  # type: ignore[no-untyped-def]
+def _trace(args: argparse.Namespace, suite: Suite, sim: Any) -> Any:
     if not args.trace:
         jobs = [(j.name, j.task) for j in suite.jobs]
         return sim.synthetic_trace(jobs, seed=args.seed, tiers=len(suite.tiers))
@@ -619,11 +630,11 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     if args.action == "stop":
         print("daemon stopped; jobs keep running" if daemon.stop(home) else "no daemon was running")
         return 0
-    info = daemon.info(home)
-    if info is None:
+    current = daemon.info(home)
+    if current is None:
         print("no daemon running")
         return 3
-    print(json.dumps(info))
+    print(json.dumps(current))
     return 0
 
 

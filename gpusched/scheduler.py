@@ -23,6 +23,7 @@ from gpusched.gpus import Probe
 from gpusched.model import (
     AttemptState,
     Classification,
+    ExitRecord,
     GpuState,
     Outcome,
     Placement,
@@ -157,7 +158,7 @@ class Scheduler:
         job = self.store.job(a.job_id)
         return job is not None and job.cancel_requested
 
-    def reap_attempt(self, a: AttemptRow, exit_rec, now: float) -> Outcome:  # type: ignore[no-untyped-def]
+    def reap_attempt(self, a: AttemptRow, exit_rec: ExitRecord | None, now: float) -> Outcome:
         """Classify an ended attempt (``exit_rec`` None: vanished) and move its job on."""
         job = self.store.job(a.job_id)
         assert job is not None

@@ -102,20 +102,20 @@ def status_doc(
     indices = sorted({g.index for g in gpus} | set(slots))
     by_index = {g.index: g for g in gpus}
     for i in indices:
-        g = by_index.get(i)
+        gpu = by_index.get(i)
         gdocs.append(
             {
                 "index": i,
-                "uuid": g.uuid if g else None,
-                "name": g.name if g else None,
-                "total_mib": g.total_mib if g else None,
-                "free_mib": g.free_mib if g else None,
-                "used_mib": g.used_mib if g else None,
-                "util_pct": g.util_pct if g else None,
+                "uuid": gpu.uuid if gpu else None,
+                "name": gpu.name if gpu else None,
+                "total_mib": gpu.total_mib if gpu else None,
+                "free_mib": gpu.free_mib if gpu else None,
+                "used_mib": gpu.used_mib if gpu else None,
+                "util_pct": gpu.util_pct if gpu else None,
                 "slots": slots.get(i, 0),
                 "running": running_on[i],
-                "outside_mib": att.outside_mib.get(i, 0) if g else None,  # held by processes not ours
-                "processes": [_process_doc(att, i, p.pid, p.used_mib) for p in (g.processes if g else ())],
+                "outside_mib": att.outside_mib.get(i, 0) if gpu else None,  # held by processes not ours
+                "processes": [_process_doc(att, i, p.pid, p.used_mib) for p in (gpu.processes if gpu else ())],
             }
         )
     jdocs = []
