@@ -88,9 +88,13 @@ def spawn(
     The child leads its own session and process group (so :func:`signal_group` reaches all
     of it), has no controlling terminal (a logout's SIGHUP does not reach it), reads
     /dev/null and inherits no other file descriptor. ``env`` replaces the environment.
-    The child is remembered until :func:`is_alive` (or :func:`reap`) sees it end.
+    The child is remembered until :func:`is_alive` (or :func:`reap`) sees it end; each
+    spawn first reaps the children that ended, so a night of 10k jobs leaves neither 10k
+    zombies nor 10k remembered children (the scheduler learns of an end from exit.json and
+    seldom asks :func:`is_alive` about it again).
     Raises :class:`CommandFailed` (code 127) when the program cannot be started.
     """
+    reap()
     args = [os.fspath(a) for a in argv]
     if log.isEnabledFor(logging.DEBUG):
         log.debug("spawn: %s", shlex.join(args))

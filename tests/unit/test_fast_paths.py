@@ -221,3 +221,22 @@ def test_rows_are_the_records_their_dataclass_would_build(tmp_path) -> None:  # 
         row.tier = 3  # type: ignore[misc]
     with pytest.raises(TypeError, match="unexpected keyword argument 'extra'"):
         _record(JobRow, {**vars(built), "extra": 1})  # a column the record does not know is not dropped
+
+
+def test_spawned_children_that_ended_are_reaped_by_the_next_spawn() -> None:
+    """A long night must not pile up zombies or remembered children in the daemon."""
+    import psutil
+
+    from gpusched import proc
+    from tests.helpers import retry_until
+
+    first = [proc.spawn(["sh", "-c", "exit 0"]) for _ in range(20)]
+    retry_until(
+        lambda: all(
+            psutil.Process(p.pid).status() == psutil.STATUS_ZOMBIE for p in first if psutil.pid_exists(p.pid)
+        )
+    )
+    last = proc.spawn(["sh", "-c", "exit 0"])
+    assert not any(p.pid in proc._children for p in first)
+    assert all(p.returncode == 0 for p in first)  # waited for: no zombies left
+    last.wait()
