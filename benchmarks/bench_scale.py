@@ -6,7 +6,8 @@ tick must not grow with the number of finished jobs.
 Runs the daemon's own loop body in this process -- ``Scheduler.tick(now)``, then sleep on the
 wake FIFO that the wrappers poke -- with the real store, real executor and real wrappers, so
 each tick can be timed. At 1k, 5k and 10k finished jobs it reports the process's RSS and,
-over the ticks since the previous checkpoint, the median tick and the tick time per launch.
+over the ticks since the previous checkpoint, the median tick and the tick time per launch;
+and how many of its children are zombies (ended wrappers nobody waited for).
 """
 
 from __future__ import annotations
@@ -72,10 +73,12 @@ def main(argv: list[str] | None = None) -> int:
             while checkpoints and finished >= checkpoints[0]:
                 window = ticks[window_start:]
                 launched = sum(n for _, n in window)
+                zombies = sum(1 for c in me.children() if c.status() == psutil.STATUS_ZOMBIE)
                 rows.append(
                     [
                         f"{checkpoints.pop(0):,}",
                         f"{me.memory_info().rss / 2**20:.0f}",
+                        zombies,
                         f"{median([t for t, _ in window]) * 1000:.1f}",
                         f"{sum(t for t, _ in window) * 1000 / max(1, launched):.2f}",
                         len(window),
@@ -93,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         f"Scale: {args.jobs:,} no-op jobs over {args.slots} slots, backend {args.backend}, "
         f"{wall:.0f} s ({args.jobs / wall:.0f} jobs/s); RSS at start {rss0:.0f} MiB ({machine()})\n"
     )
-    print(table(["finished", "RSS MiB", "median tick ms", "tick ms per launch", "ticks in window"], rows))
+    headers = ["finished", "RSS MiB", "zombies", "median tick ms", "tick ms per launch", "ticks in window"]
+    print(table(headers, rows))
     print("\naim: flat rows (nothing grows with the number of finished jobs)")
     return 0
 
