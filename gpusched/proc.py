@@ -25,9 +25,11 @@ from gpusched.errors import CommandFailed
 
 log = logging.getLogger(__name__)
 
-#: Two start times closer than this name the same process (``/proc`` counts in clock ticks,
-#: a wrapper's own clock reading comes a little after its fork).
-SAME_START_S = 1.0
+#: Two start times closer than this name the same process. ``/proc`` gives a start in clock
+#: ticks after boot, and the kernel's boot time is whole seconds (up to 1 s off); a wrapper's
+#: own clock reading comes a little after its fork, later still under load. A PID reused
+#: within 3 s of the recorded start is far rarer than either error.
+SAME_START_S = 3.0
 
 #: Children started by :func:`spawn` that may not have been reaped yet, by pid.
 _children: dict[int, subprocess.Popen[bytes]] = {}
