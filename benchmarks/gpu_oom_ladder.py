@@ -54,8 +54,14 @@ resume: {{flag_key: is_keep_training}}
 
 
 def cli(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpusched", *args], env=env, cwd=cwd, text=True,
-                          capture_output=True, timeout=3600)
+    return subprocess.run(
+        [sys.executable, "-m", "gpusched", *args],
+        env=env,
+        cwd=cwd,
+        text=True,
+        capture_output=True,
+        timeout=3600,
+    )
 
 
 def main() -> int:
@@ -74,7 +80,17 @@ def main() -> int:
     env = {**os.environ, "GPUSCHED_HOME": str(work / "home")}
     env.pop("GPUSCHED_FAKE_GPUS", None)
     t0 = time.time()
-    r = cli("submit", "--suite", "ladder", "--gpu-plan", args.gpu_plan, "--backend", "subprocess", env=env, cwd=work)
+    r = cli(
+        "submit",
+        "--suite",
+        "ladder",
+        "--gpu-plan",
+        args.gpu_plan,
+        "--backend",
+        "subprocess",
+        env=env,
+        cwd=work,
+    )
     print(r.stdout + r.stderr)
     if r.returncode:
         return r.returncode
@@ -93,8 +109,10 @@ def main() -> int:
         print(f"{j['id']:28} {j['state']:10} {j['tier']:4} {j['attempt']:<8} {' '.join(outcomes)}")
         ok &= j["state"] == "succeeded" and j["tier"] != "A"
     print(f"gpus: {json.dumps(doc['gpus'])}")
-    print(f"wall {time.time() - t0:.0f} s; wait exit {w.returncode}; "
-          f"{'PASS: every job succeeded below tier A' if ok else 'FAIL'}; logs in {work}/logs")
+    print(
+        f"wall {time.time() - t0:.0f} s; wait exit {w.returncode}; "
+        f"{'PASS: every job succeeded below tier A' if ok else 'FAIL'}; logs in {work}/logs"
+    )
     return 0 if ok else 1
 
 

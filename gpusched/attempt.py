@@ -142,9 +142,24 @@ def _float(v: Any) -> float | None:
 #: Variables of the submitting shell that must not leak into a job: they describe that
 #: shell or terminal, or are set per attempt by gpusched itself.
 _NOT_INHERITED = frozenset(
-    {"TMUX", "TMUX_PANE", "PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES", "TERM_SESSION_ID",
-     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "SSH_AUTH_SOCK", "SSH_AGENT_PID",
-     "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"}
+    {
+        "TMUX",
+        "TMUX_PANE",
+        "PWD",
+        "OLDPWD",
+        "SHLVL",
+        "_",
+        "COLUMNS",
+        "LINES",
+        "TERM_SESSION_ID",
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "SSH_AUTH_SOCK",
+        "SSH_AGENT_PID",
+        "GPU_DEVICE_ORDINAL",
+        "ROCR_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+    }
 )
 #: ... nor anything describing a Slurm allocation the user submitted from (salloc/srun).
 _NOT_INHERITED_PREFIXES = ("GPUSCHED_", "SLURM_", "SBATCH_", "SRUN_", "SALLOC_")

@@ -53,7 +53,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="gpusched", description="Run a suite of GPU jobs: slots per GPU, OOM-aware requeue, tmux panes.")
+    p = _Parser(
+        prog="gpusched", description="Run a suite of GPU jobs: slots per GPU, OOM-aware requeue, tmux panes."
+    )
     p.add_argument("--version", action="version", version=f"gpusched {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(parser_class=_Parser, metavar="COMMAND")
@@ -71,7 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dry-run", action="store_true", help="validate and show what would be queued")
     s.add_argument("--partition", help="Slurm partition (--backend slurm)")
     s.add_argument("--sbatch-arg", action="append", default=[], help="extra sbatch argument (repeatable)")
-    s.add_argument("--max-queued", type=int, help="Slurm: at most this many of the suite's jobs submitted at once")
+    s.add_argument(
+        "--max-queued", type=int, help="Slurm: at most this many of the suite's jobs submitted at once"
+    )
     s.add_argument("--json", action="store_true", help="print what was queued as JSON")
     s.set_defaults(func=cmd_submit)
 
@@ -129,15 +133,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--gpu-plan", required=True, help="max concurrent jobs per GPU, e.g. 2,2,2,2,1,1,1")
     s.add_argument("--gpus", help="GPU indices the plan refers to (default 0..n-1)")
     s.add_argument("--fake-gpus", help="the simulated cards, e.g. 7x24GiB (default: 24 GiB each)")
-    s.add_argument("--trace", help='JSON/YAML: {"jobs": [{"name", "task", "peak_mib", "duration_s",'
-                   ' "ramp_s"} or with "tiers": [{"peak_mib", "duration_s", "ramp_s"}, ...]], "outsiders":'
-                   ' [{"gpu", "mib", "start_s", "end_s"}], "noise": 0.03} (default: a synthetic trace'
-                   ' of the suite jobs)')
+    s.add_argument(
+        "--trace",
+        help='JSON/YAML: {"jobs": [{"name", "task", "peak_mib", "duration_s",'
+        ' "ramp_s"} or with "tiers": [{"peak_mib", "duration_s", "ramp_s"}, ...]], "outsiders":'
+        ' [{"gpu", "mib", "start_s", "end_s"}], "noise": 0.03} (default: a synthetic trace'
+        " of the suite jobs)",
+    )
     s.add_argument("--policy", default="gpusched", help="gpusched (default), slots, ts, static, or all")
     s.add_argument("--seed", type=int, default=0, help="noise of the runs (and of the synthetic trace)")
     s.add_argument("--json", action="store_true", help="machine-readable results")
-    s.add_argument("--plot", help="timeline of the (first) policy's simulated night, .png/.svg/.pdf,"
-                   " as `gpusched report --plot` draws a real one")
+    s.add_argument(
+        "--plot",
+        help="timeline of the (first) policy's simulated night, .png/.svg/.pdf,"
+        " as `gpusched report --plot` draws a real one",
+    )
     s.set_defaults(func=cmd_simulate)
 
     s = sub.add_parser("report", help="the morning after: a suite's jobs, GPUs, GPU-hours; CSV/JSON/timeline")
@@ -221,10 +231,17 @@ def cmd_submit(args: argparse.Namespace) -> int:
     gplan = plan.parse_gpu_plan(gpu_plan_text, gpus=gpus, detected=detected)
     options: dict[str, Any] = {}
     if backend == "slurm":
-        options = {"partition": args.partition, "sbatch_args": list(args.sbatch_arg), "max_queued": args.max_queued}
+        options = {
+            "partition": args.partition,
+            "sbatch_args": list(args.sbatch_arg),
+            "max_queued": args.max_queued,
+        }
         if args.gpu_plan or args.gpus:
-            print("gpusched: note: --gpu-plan/--gpus do not apply on Slurm (Slurm places jobs); "
-                  "--max-queued caps how many are submitted at once", file=sys.stderr)
+            print(
+                "gpusched: note: --gpu-plan/--gpus do not apply on Slurm (Slurm places jobs); "
+                "--max-queued caps how many are submitted at once",
+                file=sys.stderr,
+            )
     if args.dry_run:
         return _print_dry_run(suite, gplan, backend, args.json)
     env_path = home.suite_env(suite.name)
@@ -241,13 +258,25 @@ def cmd_submit(args: argparse.Namespace) -> int:
     info = daemon.start(home, probe=probe_spec) if wanted else daemon.info(home)
     daemon.wake(home)
     if args.json:
-        print(json.dumps({"suite": suite.name, "queued": list(result.queued), "requeued": list(result.requeued),
-                          "skipped": [list(s) for s in result.skipped], "gpu_plan": gplan.as_text(),
-                          "gpus": list(gplan.gpus), "backend": backend}))
+        print(
+            json.dumps(
+                {
+                    "suite": suite.name,
+                    "queued": list(result.queued),
+                    "requeued": list(result.requeued),
+                    "skipped": [list(s) for s in result.skipped],
+                    "gpu_plan": gplan.as_text(),
+                    "gpus": list(gplan.gpus),
+                    "backend": backend,
+                }
+            )
+        )
         return 0
     n = len(result.queued) + len(result.requeued)
-    print(f"{suite.name}: queued {n} job{'s' * (n != 1)} on GPUs {','.join(map(str, gplan.gpus))} "
-          f"with plan {gplan.as_text()} ({gplan.total_slots} slots), backend {backend}")
+    print(
+        f"{suite.name}: queued {n} job{'s' * (n != 1)} on GPUs {','.join(map(str, gplan.gpus))} "
+        f"with plan {gplan.as_text()} ({gplan.total_slots} slots), backend {backend}"
+    )
     if result.skipped:
         states: dict[str, int] = {}
         for _, st in result.skipped:
@@ -263,11 +292,15 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def _print_dry_run(suite: Suite, gplan: GpuPlan, backend: str, as_json: bool) -> int:
     names = [j.name for j in suite.jobs]
     if as_json:
-        print(json.dumps({"suite": suite.name, "jobs": names, "gpu_plan": gplan.as_text(), "backend": backend}))
+        print(
+            json.dumps({"suite": suite.name, "jobs": names, "gpu_plan": gplan.as_text(), "backend": backend})
+        )
     else:
-        print(f"{suite.name}: would queue {len(names)} jobs, plan {gplan.as_text()} on GPUs "
-              f"{','.join(map(str, gplan.gpus))}, backend {backend}, tiers "
-              + " -> ".join(t.name for t in suite.tiers))
+        print(
+            f"{suite.name}: would queue {len(names)} jobs, plan {gplan.as_text()} on GPUs "
+            f"{','.join(map(str, gplan.gpus))}, backend {backend}, tiers "
+            + " -> ".join(t.name for t in suite.tiers)
+        )
         for n in names:
             print(f"  {suite.name}/{n}")
     return 0
@@ -286,8 +319,9 @@ def _status_doc(
     home = _home()
     info = daemon.info(home)
     probe = probe or make_probe(_daemon_probe_spec(info))
-    doc = status_doc(store, probe.snapshot(), daemon=info, suite=args.suite, notice=probe.notice(),
-                     table_rows=table_rows)
+    doc = status_doc(
+        store, probe.snapshot(), daemon=info, suite=args.suite, notice=probe.notice(), table_rows=table_rows
+    )
     _add_slurm_details(doc)
     return doc
 
@@ -338,8 +372,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     from gpusched import daemon
 
     probe = make_probe(_daemon_probe_spec(daemon.info(_home())))
-    with Live(render_status(_status_doc(args, store, probe, rows)), console=console, screen=False,
-              refresh_per_second=4) as live:
+    with Live(
+        render_status(_status_doc(args, store, probe, rows)),
+        console=console,
+        screen=False,
+        refresh_per_second=4,
+    ) as live:
         while True:
             time.sleep(args.interval)
             live.update(render_status(_status_doc(args, store, probe, rows)))
@@ -401,8 +439,12 @@ def cmd_logs(args: argparse.Namespace) -> int:
     else:
         a = attempts[-1]
     paths = AttemptPaths(Path(a.dir))
-    print(f"==> {paths.output} (attempt {a.n}, tier {a.tier_name}"
-          + (f", {a.outcome}: {a.reason}" if a.outcome else "") + ") <==", file=sys.stderr)
+    print(
+        f"==> {paths.output} (attempt {a.n}, tier {a.tier_name}"
+        + (f", {a.outcome}: {a.reason}" if a.outcome else "")
+        + ") <==",
+        file=sys.stderr,
+    )
     if a.line:
         print(f"==> matching line: {a.line}", file=sys.stderr)
     text = paths.log_tail(1 << 20)
@@ -416,7 +458,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 def _follow(store: Store, job_id: str, attempt_id: int, paths: AttemptPaths) -> int:
     try:
-        f = open(paths.output, "rb")
+        f = open(paths.output, "rb")  # noqa: SIM115 (closed by the `with` below)
     except OSError:
         return 0
     with f:
@@ -497,15 +539,24 @@ def cmd_wait(args: argparse.Namespace) -> int:
     else:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      transient=False) as bar:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            transient=False,
+        ) as bar:
             task = bar.add_task(args.suite or "all jobs", total=total)
 
             def show(c: dict[str, int]) -> None:
                 fin = c["succeeded"] + c["failed"] + c["cancelled"]
-                bar.update(task, completed=fin, total=sum(c.values()),
-                           description=f"{args.suite or 'all'}: {c['running']} running, {c['queued']} queued, "
-                           f"{c['failed']} failed")
+                bar.update(
+                    task,
+                    completed=fin,
+                    total=sum(c.values()),
+                    description=f"{args.suite or 'all'}: {c['running']} running, {c['queued']} queued, "
+                    f"{c['failed']} failed",
+                )
 
             done = _wait_loop(counts, deadline, show)
     if done is None:
@@ -554,9 +605,12 @@ def cmd_gpus(args: argparse.Namespace) -> int:
     for g in snap:
         from gpusched.views import gib
 
-        print(f"GPU {g.index}  {g.name or '?'}  {g.uuid or '?'}  {gib(g.used_mib)}/{gib(g.total_mib)} GiB used  "
-              f"{gib(g.free_mib)} GiB free  util {'?' if g.util_pct is None else g.util_pct}%  "
-              f"{len(g.processes)} processes")
+        print(
+            f"GPU {g.index}  {g.name or '?'}  {g.uuid or '?'}  "
+            f"{gib(g.used_mib)}/{gib(g.total_mib)} GiB used  "
+            f"{gib(g.free_mib)} GiB free  util {'?' if g.util_pct is None else g.util_pct}%  "
+            f"{len(g.processes)} processes"
+        )
     return 0
 
 
@@ -566,7 +620,11 @@ def cmd_drain(args: argparse.Namespace) -> int:
     store = _store()
     store.set_flag("draining", None if args.off else "1")
     daemon.wake(_home())
-    print("launches resumed" if args.off else "draining: running jobs finish, nothing new starts (`gpusched drain --off` resumes)")
+    print(
+        "launches resumed"
+        if args.off
+        else "draining: running jobs finish, nothing new starts (`gpusched drain --off` resumes)"
+    )
     return 0
 
 
@@ -597,8 +655,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(json.dumps([r.as_dict() for r in results]))
         return 0
     first = results[0]
-    print(f"{suite.name}: {first.jobs} jobs on {len(totals)} simulated GPUs, plan {gplan.as_text()}; "
-          f"lower bound {first.lower_bound_s / 3600:.2f} h")
+    print(
+        f"{suite.name}: {first.jobs} jobs on {len(totals)} simulated GPUs, plan {gplan.as_text()}; "
+        f"lower bound {first.lower_bound_s / 3600:.2f} h"
+    )
     print(sim.format_table(results))
     return 0
 

@@ -209,7 +209,9 @@ def run(home: Home, *, probe_spec: str | None = None, interval_s: float = 1.0, s
     except Exception:  # what is left `launching` is reconciled again by the next tick
         log.exception("reconcile failed; the ticks will retry")
     _write_info(home, {**info_doc, "ready": True})
-    log.info("daemon %s ready (probe %s, cancel grace %.1f s)", os.getpid(), probe.name, settings.cancel_grace_s)
+    log.info(
+        "daemon %s ready (probe %s, cancel grace %.1f s)", os.getpid(), probe.name, settings.cancel_grace_s
+    )
     last_sample = 0.0
     failures = 0
     try:

@@ -66,7 +66,9 @@ class GpuSlotView:
     free_mib: int | None = None
     total_mib: int | None = None
     reserved_mib: int = 0  # predicted-but-not-yet-visible memory of recently launched jobs
-    held_for: str | None = None  # kept free for this waiting job (it needs the memory when the card's jobs end)
+    held_for: str | None = (
+        None  # kept free for this waiting job (it needs the memory when the card's jobs end)
+    )
 
     @property
     def usable_mib(self) -> int | None:
@@ -137,8 +139,13 @@ def rules_key(job: QueuedJob, held: set[str]) -> tuple[object, ...]:
     alike by every card (``avoid_gpu`` only matters once a card fits). ``held``: see
     :func:`held_jobs`. ``tiers`` and ``allowed`` by identity: the jobs of one suite share one
     ladder and one map of caps, and both outlive the caller's loop."""
-    return (id(job.tiers), job.tier, id(job.allowed), job.predicted_mib,
-            job.job_id if job.job_id in held else None)
+    return (
+        id(job.tiers),
+        job.tier,
+        id(job.allowed),
+        job.predicted_mib,
+        job.job_id if job.job_id in held else None,
+    )
 
 
 def job_order(job: QueuedJob) -> tuple[int, bool, int, int]:

@@ -87,8 +87,13 @@ class Scheduler:
         self.on_event = on_event or (lambda msg: log.info("%s", msg))
         self.assign = assign or placement.assign
         self.memory = memwatch.MemoryWatch(
-            store, trees=process_trees, host=host_memory, limit=self.settings.host,
-            ramp_s=self.settings.ramp_s, release_s=self.settings.release_s, on_event=self.on_event,
+            store,
+            trees=process_trees,
+            host=host_memory,
+            limit=self.settings.host,
+            ramp_s=self.settings.ramp_s,
+            release_s=self.settings.release_s,
+            on_event=self.on_event,
         )
         self._suites: dict[str, tuple[float, SuiteRow]] = {}
         self._term_sent: dict[int, float] = {}
@@ -207,7 +212,10 @@ class Scheduler:
                 self.on_event(f"{a.job_id}: SIGTERM sent (cancel)")
             elif now - sent >= self.settings.cancel_grace_s:
                 ex.terminate(a.handle, force=True)
-                self.on_event(f"{a.job_id}: SIGKILL sent to its process group after {self.settings.cancel_grace_s:.0f} s")
+                self.on_event(
+                    f"{a.job_id}: SIGKILL sent to its process group "
+                    f"after {self.settings.cancel_grace_s:.0f} s"
+                )
                 self._term_sent[a.id] = float("inf")  # once is enough
 
     # ------------------------------------------------------------------ place + launch
@@ -229,7 +237,11 @@ class Scheduler:
         return cached[1]
 
     def _place(
-        self, live: list[AttemptRow], gpus: list[GpuState], att: memory.Attribution, now: float,
+        self,
+        live: list[AttemptRow],
+        gpus: list[GpuState],
+        att: memory.Attribution,
+        now: float,
         report: TickReport,
     ) -> None:
         if self.store.flag("draining"):
@@ -252,8 +264,14 @@ class Scheduler:
         empty = memory.rooms(gpus, {}, headroom)  # a card with nothing on it: what "fits" means for tiers
         room = memory.rooms(gpus, att.outside_mib, headroom)  # ... and with other people's processes
         demand = memwatch.demands(
-            self.store, queued, self._suite, gpus, empty, headroom_frac=headroom,
-            start_safer=self.settings.start_safer, fit_share=self.settings.fit_share,
+            self.store,
+            queued,
+            self._suite,
+            gpus,
+            empty,
+            headroom_frac=headroom,
+            start_safer=self.settings.start_safer,
+            fit_share=self.settings.fit_share,
         )
         base = self._views(live, gpus, att, now)
         if not live:
@@ -280,7 +298,9 @@ class Scheduler:
             pred = d.prediction(p.tier)
             self._launch(by_id[p.job_id], replace(p, reason=reason), gpus, now, report, pred=pred)
         self._hold(demand, waited, waits, list(base.values()), room)
-        self.store.set_waits({j: why for j, why in waits.items() if by_id[j].wait_reason != why})  # changes only
+        self.store.set_waits(
+            {j: why for j, why in waits.items() if by_id[j].wait_reason != why}
+        )  # changes only
         report.waiting = len(waits)
 
     def _hold(
@@ -299,7 +319,11 @@ class Scheduler:
         )
         old = dict(self.memory.holds)
         self.memory.holds = memory.choose_holds(
-            waiting, views, room, current=old, hold_after_s=self.settings.hold_after_s,
+            waiting,
+            views,
+            room,
+            current=old,
+            hold_after_s=self.settings.hold_after_s,
             max_holds=max(1, int(self.settings.hold_frac * len(views))),
             headroom_frac=self.settings.headroom_frac,
         )
@@ -316,7 +340,9 @@ class Scheduler:
         suite = self._suite(job.suite)
         return suite.backend if suite else None
 
-    def _place_on_slurm(self, queued: list[JobRow], live: list[AttemptRow], now: float, report: TickReport) -> None:
+    def _place_on_slurm(
+        self, queued: list[JobRow], live: list[AttemptRow], now: float, report: TickReport
+    ) -> None:
         """On Slurm the cluster places jobs; gpusched only caps how many of a suite's jobs are
         submitted at once (``--max-queued``, default 100) so a 10k-job suite does not flood it."""
         in_flight = Counter(a.job_id.split("/", 1)[0] for a in live)
@@ -363,7 +389,10 @@ class Scheduler:
         }
 
     def _active_suites(self) -> list[SuiteRow]:
-        names = [r["suite"] for r in self.store.db.execute("SELECT DISTINCT suite FROM jobs WHERE state = 'queued'")]
+        names = [
+            r["suite"]
+            for r in self.store.db.execute("SELECT DISTINCT suite FROM jobs WHERE state = 'queued'")
+        ]
         return [s for s in (self._suite(n) for n in names) if s is not None]
 
     def _is_exclusive(self, a: AttemptRow) -> bool:
@@ -378,7 +407,12 @@ class Scheduler:
         return predict.predict_peak(job.task, job.id, tier, samples, default_mib=default)
 
     def _launch(
-        self, job: JobRow, p: Placement, gpus: list[GpuState], now: float, report: TickReport,
+        self,
+        job: JobRow,
+        p: Placement,
+        gpus: list[GpuState],
+        now: float,
+        report: TickReport,
         pred: predict.Prediction | None = None,
     ) -> None:
         suite_row = self._suite(job.suite)
@@ -451,8 +485,12 @@ class Scheduler:
         if lost >= self.settings.max_lost:
             step = Step(kind=StepKind.FAIL, tier=job.tier, reason=f"launch failed {lost} times: {err}")
         else:
-            step = Step(kind=StepKind.REQUEUE, tier=job.tier, reason=f"launch failed, retrying: {err}",
-                        not_before=now + 5.0 * lost)
+            step = Step(
+                kind=StepKind.REQUEUE,
+                tier=job.tier,
+                reason=f"launch failed, retrying: {err}",
+                not_before=now + 5.0 * lost,
+            )
         self.store.finish_attempt(attempt_id, exit=None, result=result, step=step, now=now)
 
     # ------------------------------------------------------------------ restart
@@ -527,8 +565,14 @@ class Scheduler:
         """The daemon stopped between recording the attempt and starting its wrapper (no
         pid file, no process, no exit record: its command never ran). Requeue the job at
         the same tier without counting a loss, so crashes alone can never fail a job."""
-        result = Classification(outcome=Outcome.LOST, reason="never started: the daemon stopped before launching it")
-        step = Step(kind=StepKind.REQUEUE, tier=a.tier, reason=f"requeued at tier {a.tier_name}: its launch was "
-                    "interrupted before it started (not counted as lost)")
+        result = Classification(
+            outcome=Outcome.LOST, reason="never started: the daemon stopped before launching it"
+        )
+        step = Step(
+            kind=StepKind.REQUEUE,
+            tier=a.tier,
+            reason=f"requeued at tier {a.tier_name}: its launch was "
+            "interrupted before it started (not counted as lost)",
+        )
         self.store.finish_attempt(a.id, exit=None, result=result, step=step, now=now, count_lost=False)
         self.on_event(f"{a.job_id}: attempt {a.n} ({a.tier_name}) never started -> {step.reason}")

@@ -336,7 +336,8 @@ class Store:
         check_transition(job_id, old, new)
         sets = ", ".join(f"{k} = ?" for k in cols)
         args = [*cols.values()]
-        sql = f"UPDATE jobs SET state = ?, updated_at = ?{', ' + sets if sets else ''} WHERE id = ? AND state = ?"
+        extra = f", {sets}" if sets else ""
+        sql = f"UPDATE jobs SET state = ?, updated_at = ?{extra} WHERE id = ? AND state = ?"
         cur = self.db.execute(sql, (new.value, now, *args, job_id, str(old)))
         if cur.rowcount != 1:  # somebody moved it meanwhile: the caller's view is stale
             raise UsageError(f"job {job_id} changed state meanwhile; try again")
@@ -361,7 +362,9 @@ class Store:
         now = time.time() if now is None else now
         queued, requeued, skipped = [], [], []
         with self.tx():
-            self._upsert_suite(suite, plan, backend=backend, cwd=cwd, env_path=env_path, options=options, now=now)
+            self._upsert_suite(
+                suite, plan, backend=backend, cwd=cwd, env_path=env_path, options=options, now=now
+            )
             existing = {
                 r["id"]: r
                 for r in self.db.execute("SELECT id, state FROM jobs WHERE suite = ?", (suite.name,))
@@ -425,7 +428,9 @@ class Store:
         )
         self._event(now, job.id, "queued", "submitted")
 
-    def _requeue_finished(self, row: sqlite3.Row, job: JobSpec | None, *, tier: int, now: float, why: str) -> None:
+    def _requeue_finished(
+        self, row: sqlite3.Row, job: JobSpec | None, *, tier: int, now: float, why: str
+    ) -> None:
         check_transition(row["id"], row["state"], JobState.QUEUED)
         spec = {"spec": codec.job_to_json(job)} if job is not None else {}
         sets = ", ".join(f"{k} = ?" for k in spec)
@@ -602,7 +607,9 @@ class Store:
                 ),
             )
             where = f"GPU {a.gpu}" if a.gpu is not None else "no GPU"
-            self._event(now, a.job_id, "launch", f"attempt {n} at tier {a.tier_name} on {where}: {a.placement_reason}")
+            self._event(
+                now, a.job_id, "launch", f"attempt {n} at tier {a.tier_name} on {where}: {a.placement_reason}"
+            )
             return int(cur.lastrowid or 0)
 
     def mark_running(self, attempt_id: int, handle: dict[str, Any], *, now: float) -> None:
@@ -669,7 +676,9 @@ class Store:
         if result.outcome.value == "lost" and count_lost:
             common["lost"] = job["lost"] + 1
         if step.kind is StepKind.REQUEUE:
-            self._move(job, JobState.QUEUED, now, avoid_gpu=step.avoid_gpu, not_before=step.not_before, **common)
+            self._move(
+                job, JobState.QUEUED, now, avoid_gpu=step.avoid_gpu, not_before=step.not_before, **common
+            )
         else:
             new = {
                 StepKind.DONE: JobState.SUCCEEDED,
@@ -682,7 +691,8 @@ class Store:
     def set_peak(self, attempt_id: int, peak_mib: int) -> None:
         """Raise an attempt's recorded peak (the daemon samples per-process memory)."""
         self.db.execute(
-            "UPDATE attempts SET peak_mib = MAX(COALESCE(peak_mib, 0), ?) WHERE id = ?", (peak_mib, attempt_id)
+            "UPDATE attempts SET peak_mib = MAX(COALESCE(peak_mib, 0), ?) WHERE id = ?",
+            (peak_mib, attempt_id),
         )
 
     def note(self, job_id: str | None, kind: str, message: str, *, now: float) -> None:
@@ -701,7 +711,9 @@ class Store:
             if value is None:
                 self.db.execute("DELETE FROM meta WHERE key = ?", (f"flag:{key}",))
             else:
-                self.db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (f"flag:{key}", value))
+                self.db.execute(
+                    "INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (f"flag:{key}", value)
+                )
 
     # ------------------------------------------------------------------ user requests
 
@@ -717,11 +729,20 @@ class Store:
                     continue
                 state = JobState(row["state"])
                 if state is JobState.QUEUED:
-                    self._move(row, JobState.CANCELLED, now, ended_at=now, outcome="cancelled", reason="cancelled by user")
+                    self._move(
+                        row,
+                        JobState.CANCELLED,
+                        now,
+                        ended_at=now,
+                        outcome="cancelled",
+                        reason="cancelled by user",
+                    )
                     self._event(now, job_id, "cancel", "cancelled while queued")
                     out[job_id] = "cancelled"
                 elif state is JobState.RUNNING:
-                    self.db.execute("UPDATE jobs SET cancel_requested = 1, updated_at = ? WHERE id = ?", (now, job_id))
+                    self.db.execute(
+                        "UPDATE jobs SET cancel_requested = 1, updated_at = ? WHERE id = ?", (now, job_id)
+                    )
                     self._event(now, job_id, "cancel", "cancel requested while running")
                     out[job_id] = "stopping"
                 else:
@@ -729,7 +750,10 @@ class Store:
         return out
 
     def cancel_requested(self) -> list[str]:
-        return [r["id"] for r in self.db.execute("SELECT id FROM jobs WHERE state = 'running' AND cancel_requested = 1")]
+        return [
+            r["id"]
+            for r in self.db.execute("SELECT id FROM jobs WHERE state = 'running' AND cancel_requested = 1")
+        ]
 
     def retry(self, job_id: str, *, tier: int | None, now: float | None = None) -> JobRow:
         """Queue a failed/cancelled/succeeded job again (at ``tier``, default: where it ended)."""
@@ -758,8 +782,13 @@ class Store:
                     (why, job_id, why),
                 )
 
-    def record_samples(self, at: float, samples: Sequence[tuple[int, int | None, int | None, int | None]],
-                       *, keep_s: float = 7 * 86400) -> None:
+    def record_samples(
+        self,
+        at: float,
+        samples: Sequence[tuple[int, int | None, int | None, int | None]],
+        *,
+        keep_s: float = 7 * 86400,
+    ) -> None:
         """Append GPU samples (gpu, used_mib, total_mib, util_pct) and drop ones older than ``keep_s``."""
         with self.tx():
             self.db.executemany(

@@ -28,7 +28,9 @@ def gib(mib: int | None) -> str:
 def job_doc(job: JobRow, last: AttemptRow | None, *, now: float, with_line: bool = True) -> dict[str, Any]:
     runtime_s = None
     if last is not None and last.started_at:
-        runtime_s = round((last.ended_at or now) - last.started_at, 1) if job.state is not JobState.QUEUED else None
+        runtime_s = (
+            round((last.ended_at or now) - last.started_at, 1) if job.state is not JobState.QUEUED else None
+        )
     log_path = str(AttemptPaths(Path(last.dir)).output) if last else None
     doc: dict[str, Any] = {
         "id": job.id,
@@ -115,7 +117,9 @@ def status_doc(
                 "slots": slots.get(i, 0),
                 "running": running_on[i],
                 "outside_mib": att.outside_mib.get(i, 0) if gpu else None,  # held by processes not ours
-                "processes": [_process_doc(att, i, p.pid, p.used_mib) for p in (gpu.processes if gpu else ())],
+                "processes": [
+                    _process_doc(att, i, p.pid, p.used_mib) for p in (gpu.processes if gpu else ())
+                ],
             }
         )
     jdocs = []
@@ -146,8 +150,9 @@ def attribution(
         return memory.attribute(gpus, [])
     pids = (trees or memwatch.attempt_trees)(live)
     trees_of = [
-        memory.Tree(attempt_id=a.id, job_id=a.job_id, gpu=a.gpu,
-                    pids=_wrapper(a) | pids.get(a.id, frozenset()))
+        memory.Tree(
+            attempt_id=a.id, job_id=a.job_id, gpu=a.gpu, pids=_wrapper(a) | pids.get(a.id, frozenset())
+        )
         for a in live
     ]
     return memory.attribute(gpus, trees_of)
@@ -264,13 +269,18 @@ def render_status(doc: dict[str, Any], *, max_jobs: int = MAX_TABLE_JOBS) -> Any
             why = f"{j.get('reason')}: {j['line']}"
         jt.add_row(
             j["id"],
-            Text(j["state"] + (" (stopping)" if j.get("cancel_requested") else ""), style=STATE_STYLE.get(j["state"], "")),
+            Text(
+                j["state"] + (" (stopping)" if j.get("cancel_requested") else ""),
+                style=STATE_STYLE.get(j["state"], ""),
+            ),
             "" if j["gpu"] is None or j["state"] != "running" else str(j["gpu"]),
             f"{j['tier']} ({j['tier_index'] + 1}/{j['tiers']})" if j.get("tiers", 1) > 1 else f"{j['tier']}",
             f"{j['attempt']}" if j["attempt"] else "",
             _dur(j.get("runtime_s")),
             memory_cell(j),
-            Text((f"[{j['outcome']}] " if j.get("outcome") and j["state"] != "running" else "") + (why or "")),
+            Text(
+                (f"[{j['outcome']}] " if j.get("outcome") and j["state"] != "running" else "") + (why or "")
+            ),
         )
     parts.append(jt)
     if len(shown) < total:

@@ -31,8 +31,13 @@ def gs_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 def _stop_daemon(home: Path) -> None:
     env = {**os.environ, "GPUSCHED_HOME": str(home)}
-    subprocess.run([sys.executable, "-m", "gpusched", "daemon", "stop"], env=env, capture_output=True, check=False,
-                   timeout=60)
+    subprocess.run(
+        [sys.executable, "-m", "gpusched", "daemon", "stop"],
+        env=env,
+        capture_output=True,
+        check=False,
+        timeout=60,
+    )
 
 
 @pytest.fixture
@@ -51,12 +56,19 @@ def cli(gs_home: Path):  # type: ignore[no-untyped-def]
     return run_cli
 
 
-def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120,
-            check: bool = False) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120, check: bool = False
+) -> subprocess.CompletedProcess[str]:
     """Run the real CLI in a subprocess with the current (test) environment."""
     full_env = {**os.environ, **(env or {})}
-    r = subprocess.run([sys.executable, "-m", "gpusched", *args], cwd=cwd, env=full_env, capture_output=True,
-                       text=True, timeout=timeout)
+    r = subprocess.run(
+        [sys.executable, "-m", "gpusched", *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if check and r.returncode != 0:
         raise AssertionError(f"gpusched {' '.join(args)} -> {r.returncode}\n{r.stdout}\n{r.stderr}")
     return r

@@ -5,8 +5,8 @@ real wrapper would end it: output.log and exit.json in the attempt directory."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from gpusched.attempt import AttemptPaths
 from gpusched.executors import Handle, LaunchRequest
@@ -41,8 +41,17 @@ class FakeExecutor:
 
     # ------------------------------------------------------------------ test controls
 
-    def finish(self, token: str, *, exit_code: int | None, output: str = "", signal: int | None = None,
-               started_at: float = 0.0, ended_at: float = 0.0, runtime: dict | None = None) -> None:
+    def finish(
+        self,
+        token: str,
+        *,
+        exit_code: int | None,
+        output: str = "",
+        signal: int | None = None,
+        started_at: float = 0.0,
+        ended_at: float = 0.0,
+        runtime: dict | None = None,
+    ) -> None:
         """End an attempt as the wrapper would: append output, write exit.json (and runtime.json)."""
         handle = self.live.pop(token)
         paths = AttemptPaths(Path(handle["dir"]))
@@ -51,8 +60,11 @@ class FakeExecutor:
             f.write(output)
         if runtime is not None:
             paths.runtime.write_text(json.dumps(runtime))
-        paths.exit.write_text(json.dumps({"exit_code": exit_code, "signal": signal, "started_at": started_at,
-                                          "ended_at": ended_at}))
+        paths.exit.write_text(
+            json.dumps(
+                {"exit_code": exit_code, "signal": signal, "started_at": started_at, "ended_at": ended_at}
+            )
+        )
 
     def vanish(self, token: str) -> None:
         """The process disappears without an exit record (pane killed, machine rebooted)."""

@@ -21,9 +21,15 @@ def check_backend(name: str) -> str:
     if name not in BACKENDS:
         from gpusched.errors import did_you_mean
 
-        raise UsageError(f"--backend {name}: unknown backend{did_you_mean(name, BACKENDS)}; use one of {', '.join(BACKENDS)}")
+        raise UsageError(
+            f"--backend {name}: unknown backend{did_you_mean(name, BACKENDS)}; "
+            f"use one of {', '.join(BACKENDS)}"
+        )
     if name == "tmux" and not shutil.which("tmux"):
-        raise ExecutorError("--backend tmux: tmux is not on PATH; install it (apt-get install tmux) or use --backend subprocess")
+        raise ExecutorError(
+            "--backend tmux: tmux is not on PATH; "
+            "install it (apt-get install tmux) or use --backend subprocess"
+        )
     if name == "slurm":
         from gpusched.executors.slurm import check_available
 

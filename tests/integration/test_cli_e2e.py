@@ -90,8 +90,18 @@ def test_submit_wait_status_logs(gs_home: Path, project: Path, backend: str) -> 
 
 def test_cancel_a_running_job_and_a_queued_one(gs_home: Path, project: Path) -> None:
     write_plan(project, "slow", PLAN.replace("step_time_s: 0.05", "step_time_s: 5"))
-    run_cli("submit", "--suite", "slow", "--gpu-plan", "1", "--backend", "subprocess", cwd=project, env=FAKE,
-            check=True)
+    run_cli(
+        "submit",
+        "--suite",
+        "slow",
+        "--gpu-plan",
+        "1",
+        "--backend",
+        "subprocess",
+        cwd=project,
+        env=FAKE,
+        check=True,
+    )
     retry_until(lambda: any(j["state"] == "running" for j in status(project)["jobs"]), timeout=30)
     running = next(j["id"] for j in status(project)["jobs"] if j["state"] == "running")
     r = run_cli("cancel", "--suite", "slow", cwd=project)
@@ -105,14 +115,29 @@ def test_cancel_a_running_job_and_a_queued_one(gs_home: Path, project: Path) -> 
 @pytest.mark.skipif(not shutil.which("tmux"), reason="tmux not installed")
 def test_attach_lands_in_the_jobs_live_pane(gs_home: Path, project: Path, tmp_path: Path) -> None:
     write_plan(project, "att", PLAN.replace("step_time_s: 0.05", "step_time_s: 2"))
-    run_cli("submit", "--suite", "att", "--only", "1-sst2", "--gpu-plan", "1", "--backend", "tmux", cwd=project,
-            env=FAKE, check=True)
+    run_cli(
+        "submit",
+        "--suite",
+        "att",
+        "--only",
+        "1-sst2",
+        "--gpu-plan",
+        "1",
+        "--backend",
+        "tmux",
+        cwd=project,
+        env=FAKE,
+        check=True,
+    )
     retry_until(lambda: by_id(status(project))["att/1-sst2"]["state"] == "running", timeout=30)
     # a user's own terminal: an outer tmux server in which we type `gpusched attach`
     outer = ["tmux", "-S", str(tmp_path / "outer.sock")]
     env_cmd = f"GPUSCHED_HOME={gs_home} python -m gpusched attach att/1-sst2"
-    subprocess.run([*outer, "new-session", "-d", "-x", "120", "-y", "40", "-c", str(project), env_cmd], check=True)
+    subprocess.run(
+        [*outer, "new-session", "-d", "-x", "120", "-y", "40", "-c", str(project), env_cmd], check=True
+    )
     try:
+
         def screen() -> str:
             return subprocess.run([*outer, "capture-pane", "-p"], capture_output=True, text=True).stdout
 
@@ -124,8 +149,20 @@ def test_attach_lands_in_the_jobs_live_pane(gs_home: Path, project: Path, tmp_pa
 
 def test_attach_without_a_pane_says_what_to_do(gs_home: Path, project: Path) -> None:
     write_plan(project, "sp", PLAN)
-    run_cli("submit", "--suite", "sp", "--only", "1-sst2", "--gpu-plan", "1", "--backend", "subprocess",
-            cwd=project, env=FAKE, check=True)
+    run_cli(
+        "submit",
+        "--suite",
+        "sp",
+        "--only",
+        "1-sst2",
+        "--gpu-plan",
+        "1",
+        "--backend",
+        "subprocess",
+        cwd=project,
+        env=FAKE,
+        check=True,
+    )
     run_cli("wait", "--suite", "sp", "--quiet", "--timeout", "60", cwd=project)
     r = run_cli("attach", "sp/1-sst2", cwd=project)
     assert r.returncode == 2 and "gpusched logs -f sp/1-sst2" in r.stderr
@@ -154,7 +191,9 @@ def test_bad_input_is_one_clear_line_exit_2_and_nothing_enqueued(
     write_plan(project, "malformed", "command: [unclosed\n")
     write_plan(project, "unknown_key", "comand: python x.py --config {config}\n")
     write_plan(project, "no_base", "command: python x.py --config {config}\nbase_config: missing.yaml\n")
-    write_plan(project, "bad_name", "command: python x.py --config {config}\njobs:\n  - name: 'bad name; rm -rf ~'\n")
+    write_plan(
+        project, "bad_name", "command: python x.py --config {config}\njobs:\n  - name: 'bad name; rm -rf ~'\n"
+    )
     r = run_cli("submit", *args, cwd=project, env=FAKE)
     assert r.returncode == 2, r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()

@@ -50,8 +50,9 @@ resume: {flag_key: is_keep_training}
 
 def test_oom_requeues_down_the_ladder_and_resumes(gs_home: Path, project: Path) -> None:
     (project / "plans" / "ladder.yaml").write_text(textwrap.dedent(PLAN))
-    run_cli("submit", "--suite", "ladder", "--gpu-plan", "2", "--backend", "subprocess", cwd=project,
-            check=True)
+    run_cli(
+        "submit", "--suite", "ladder", "--gpu-plan", "2", "--backend", "subprocess", cwd=project, check=True
+    )
     w = run_cli("wait", "--suite", "ladder", "--timeout", "240", "--quiet", cwd=project, timeout=300)
     assert "1 succeeded, 1 failed" in w.stdout, w.stdout + w.stderr
     doc = json.loads(run_cli("status", "--json", cwd=project, check=True).stdout)

@@ -18,9 +18,13 @@ def test_simulate_draws_the_same_timeline_as_report(gs_home: Path, project: Path
     assert "gpusched memory-aware" in r.stdout
     data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
-    assert not (gs_home / "gpusched.db").exists() or "E1" not in run_cli("status", "--json", cwd=project).stdout
+    assert (
+        not (gs_home / "gpusched.db").exists() or "E1" not in run_cli("status", "--json", cwd=project).stdout
+    )
 
 
 def test_simulate_plot_with_a_bad_extension_is_one_line(gs_home: Path, project: Path, tmp_path: Path) -> None:
-    r = run_cli("simulate", "--suite", "E1", "--gpu-plan", "2", "--plot", str(tmp_path / "x.gif"), cwd=project)
+    r = run_cli(
+        "simulate", "--suite", "E1", "--gpu-plan", "2", "--plot", str(tmp_path / "x.gif"), cwd=project
+    )
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr

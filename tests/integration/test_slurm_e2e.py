@@ -55,31 +55,49 @@ tiers:
 
 
 def status(project: Path) -> dict:  # type: ignore[type-arg]
-    return {j["id"]: j for j in json.loads(run_cli("status", "--json", cwd=project, check=True).stdout)["jobs"]}
+    return {
+        j["id"]: j for j in json.loads(run_cli("status", "--json", cwd=project, check=True).stdout)["jobs"]
+    }
 
 
 def test_suite_on_slurm_oom_requeue_error_cancel(gs_home: Path, project: Path) -> None:
     (project / "plans" / "sl.yaml").write_text(textwrap.dedent(PLAN))
     run_cli("submit", "--suite", "sl", "--backend", "slurm", cwd=project, check=True)
     retry_until(lambda: status(project)["sl/slow"]["state"] == "running", timeout=60)
-    slow = retry_until(lambda: status(project)["sl/slow"].get("slurm", {}).get("state") == "RUNNING"
-                       and status(project)["sl/slow"], timeout=60)
+    slow = retry_until(
+        lambda: (
+            status(project)["sl/slow"].get("slurm", {}).get("state") == "RUNNING"
+            and status(project)["sl/slow"]
+        ),
+        timeout=60,
+    )
     assert slow["slurm"]["job_id"] and slow["slurm"]["node"]
     assert all(j["attempt"] >= 1 for j in status(project).values())  # Slurm places them, all at once
     att = run_cli("attach", "sl/slow", cwd=project)
     assert att.returncode == 2 and "srun --jobid" in att.stderr
-    retry_until(lambda: (project / "logs/sl/slow/1-A/output.log").exists()
-                and "step" in (project / "logs/sl/slow/1-A/output.log").read_text(), timeout=60)
+    retry_until(
+        lambda: (
+            (project / "logs/sl/slow/1-A/output.log").exists()
+            and "step" in (project / "logs/sl/slow/1-A/output.log").read_text()
+        ),
+        timeout=60,
+    )
     run_cli("cancel", "sl/slow", cwd=project, check=True)
     w = run_cli("wait", "--suite", "sl", "--timeout", "150", "--quiet", cwd=project, timeout=200)
     assert w.returncode == 1, w.stdout + w.stderr
     jobs = status(project)
     assert {k: v["state"] for k, v in jobs.items()} == {
-        "sl/big": "succeeded", "sl/broken": "failed", "sl/slow": "cancelled"}
+        "sl/big": "succeeded",
+        "sl/broken": "failed",
+        "sl/slow": "cancelled",
+    }
     big = jobs["sl/big"]
     assert (big["tier"], big["attempt"]) == ("B", 2)
     logs = project / "logs" / "sl" / "big"
-    ids = [(logs / a / "sbatch.sh").exists() and next((logs / a).glob("slurm-*.out")).name for a in ("1-A", "2-B")]
+    ids = [
+        (logs / a / "sbatch.sh").exists() and next((logs / a).glob("slurm-*.out")).name
+        for a in ("1-A", "2-B")
+    ]
     assert ids[0] != ids[1]  # tier B ran as a new sbatch job
     assert "CUDA out of memory" in (logs / "1-A" / "output.log").read_text()
     out_b = (logs / "2-B" / "output.log").read_text()
