@@ -40,7 +40,7 @@ def test_every_job_ends_exactly_once_while_the_daemon_is_killed(tmp_path: Path, 
     soak = _soak()
     chaos = soak.Chaos(tmp_path, backend=backend)
     try:
-        rep = chaos.run(jobs=50, kills=10, seed=11, nap_s=0.1, timeout_s=90)
+        rep = chaos.run(jobs=50, kills=10, seed=11, nap_s=0.5, timeout_s=90)  # long enough for 10 kills
     finally:
         subprocess.run(
             [sys.executable, "-m", "gpusched", "daemon", "stop"], env=chaos.env, capture_output=True
