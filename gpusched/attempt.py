@@ -4,12 +4,11 @@
 
     logs/<suite>/<job>/<n>-<tier>/
       config.yaml   base config + job overrides + tier overrides, with a header of what was injected
-      env.json      the injected variables only
-      command.txt   the exact command line
-      launch.sh     what the wrapper runs: the submitting shell's env, the injected env, cd, exec
+      launch.sh     what the wrapper runs: the submitting shell's env, then the injected env
+                    (one `export` per variable), cd, and the exact command line, shell-quoted
       output.log    stdout + stderr, as the pane showed it
-      pid           "PID STARTED_AT" of the wrapper, written before the job starts
-      exit.json     written atomically by the wrapper when the job ends
+      pid           the wrapper's PID, written before the job starts (mtime: the start time)
+      exit.json     exit code and signal, written by the wrapper when the job ends (mtime: the end time)
       runtime.json  optional: peak memory / steps / OOM, written by gpusched.runtime inside the job
 
 :class:`AttemptPaths` owns every one of these paths; nothing else spells them.
@@ -39,14 +38,6 @@ class AttemptPaths:
         return self.dir / "config.yaml"
 
     @property
-    def env(self) -> Path:
-        return self.dir / "env.json"
-
-    @property
-    def command(self) -> Path:
-        return self.dir / "command.txt"
-
-    @property
     def launch(self) -> Path:
         return self.dir / "launch.sh"
 
@@ -69,11 +60,12 @@ class AttemptPaths:
     # ------------------------------------------------------------------ readers
 
     def read_pid(self) -> tuple[int, float] | None:
-        """(pid, started_at) of the wrapper, or None before it started."""
+        """(pid, started_at) of the wrapper, or None before it started. The start time is the
+        pid file's mtime (a wrapper of gpusched 0.1 wrote it after the pid)."""
         try:
-            pid, started = self.pid.read_text().split()
-            return int(pid), float(started)
-        except (OSError, ValueError):
+            fields = self.pid.read_text().split()
+            return int(fields[0]), float(fields[1]) if len(fields) > 1 else self.pid.stat().st_mtime
+        except (OSError, ValueError, IndexError):
             return None
 
     def read_runtime(self) -> dict[str, Any]:
@@ -86,11 +78,15 @@ class AttemptPaths:
         if raw is None:
             return None
         rt = self.read_runtime()
+        started, ended = raw.get("started_at"), raw.get("ended_at")
+        if ended is None:  # the wrapper leaves the times to the kernel: the files' mtimes
+            ended = _mtime(self.exit)
+            started = started if started is not None else _mtime(self.pid)
         return ExitRecord(
             exit_code=_int(raw.get("exit_code")),
             signal=_int(raw.get("signal")),
-            started_at=_float(raw.get("started_at")),
-            ended_at=_float(raw.get("ended_at")),
+            started_at=_float(started),
+            ended_at=_float(ended),
             peak_mib=_int(rt.get("peak_mib")),
             steps_done=_int(rt.get("steps_done")),
             oom_reported=bool(rt.get("oom", False)),
@@ -121,6 +117,13 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
 
 
 def _int(v: Any) -> int | None:
@@ -204,8 +207,9 @@ def materialize(
     backend: str,
     env_file: str | None,
 ) -> str:
-    """Write config.yaml, env.json, command.txt and launch.sh for one attempt; return the
-    command line. Every value reaching the shell is quoted (job names, overrides, paths)."""
+    """Write config.yaml and launch.sh for one attempt; return the command line. Every value
+    reaching the shell is quoted (job names, overrides, paths). The injected variables and
+    the command are launch.sh's last lines, after the ``_INJECTED`` and ``_COMMAND`` comments."""
     import shlex
 
     import yaml
@@ -244,7 +248,6 @@ def materialize(
         GPUSCHED_ATTEMPT_DIR=str(paths.dir),
         GPUSCHED_GPU="" if gpu is None else str(gpu),
     )
-    _write_fresh(paths.env, json.dumps(env, indent=2, sort_keys=True) + "\n")
 
     fields = {
         "config": str(paths.config),
@@ -255,7 +258,6 @@ def materialize(
         "gpu": "" if gpu is None else str(gpu),
     }
     command = suite.command.format_map({k: shlex.quote(v) for k, v in fields.items()})
-    _write_fresh(paths.command, command + "\n")
 
     lines = [
         "#!/bin/sh",
@@ -264,10 +266,15 @@ def materialize(
     ]
     if env_file:
         lines.append(f"[ -r {shlex.quote(env_file)} ] && . {shlex.quote(env_file)}")
+    lines.append(_INJECTED)
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
-    lines += [f"cd {shlex.quote(str(workdir))} || exit 126", command]
+    lines += [f"cd {shlex.quote(str(workdir))} || exit 126", _COMMAND, command]
     _write_fresh(paths.launch, "\n".join(lines) + "\n", mode=0o700)
     return command
+
+
+_INJECTED = "# injected by gpusched (tier, GPU, attempt):"
+_COMMAND = "# the command:"
 
 
 def _visible(gpu: int | None, uuid: str | None) -> str:

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 SAME_START_S = 3.0
 
 #: Children started by :func:`spawn` that may not have been reaped yet, by pid.
-_children: dict[int, subprocess.Popen[bytes]] = {}
+_children: dict[int, Child] = {}
 
 
 def run(
@@ -77,19 +77,48 @@ def run(
     return r
 
 
+class Child:
+    """A process started by :func:`spawn`: its pid, and ``poll``/``wait`` that reap it (the
+    part of :class:`subprocess.Popen` the daemon needs, without its cost per start)."""
+
+    __slots__ = ("pid", "returncode")
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        """The exit status once it has ended (reaping it), else None."""
+        if self.returncode is None:
+            self._reaped(os.waitpid(self.pid, os.WNOHANG))
+        return self.returncode
+
+    def wait(self) -> int:
+        while self.returncode is None:
+            self._reaped(os.waitpid(self.pid, 0))
+        return self.returncode
+
+    def _reaped(self, waited: tuple[int, int]) -> None:
+        if waited[0] == self.pid:
+            self.returncode = os.waitstatus_to_exitcode(waited[1])
+
+
 def spawn(
     argv: Sequence[str],
     *,
     env: Mapping[str, str] | None = None,
-    cwd: str | os.PathLike[str] | None = None,
-    stdout: IO[Any] | int | None = subprocess.DEVNULL,
-    stderr: IO[Any] | int | None = subprocess.DEVNULL,
-) -> subprocess.Popen[bytes]:
+    stdout: IO[Any] | None = None,
+    stderr: IO[Any] | None = None,
+) -> Child:
     """Start ``argv`` in a new session and return once it has been exec'd.
 
     The child leads its own session and process group (so :func:`signal_group` reaches all
     of it), has no controlling terminal (a logout's SIGHUP does not reach it), reads
-    /dev/null and inherits no other file descriptor. ``env`` replaces the environment.
+    /dev/null, writes to ``stdout``/``stderr`` (default /dev/null) and inherits no other
+    file descriptor (Python opens every other one close-on-exec). It runs in this process's
+    working directory; ``env`` replaces the environment. It is started with posix_spawn
+    (vfork + exec: ~0.4 ms from a 35 MiB daemon, a third of :class:`subprocess.Popen`'s
+    cost), which is what a thousand short jobs' dispatch is made of.
     The child is remembered until :func:`is_alive` (or :func:`reap`) sees it end; each
     spawn first reaps the children that ended, so a night of 10k jobs leaves neither 10k
     zombies nor 10k remembered children (the scheduler learns of an end from exit.json and
@@ -100,21 +129,20 @@ def spawn(
     args = [os.fspath(a) for a in argv]
     if log.isEnabledFor(logging.DEBUG):
         log.debug("spawn: %s", shlex.join(args))
+    actions: list[tuple[Any, ...]] = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)]
+    for fd, target in ((1, stdout), (2, stderr)):
+        if target is None:
+            actions.append((os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_WRONLY, 0))
+        else:
+            actions.append((os.POSIX_SPAWN_DUP2, target.fileno(), fd))
     try:
-        p = subprocess.Popen(
-            args,
-            env=None if env is None else dict(env),
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=stdout,
-            stderr=stderr,
-            start_new_session=True,
-            close_fds=True,
+        pid = os.posix_spawnp(
+            args[0], args, os.environ if env is None else env, file_actions=actions, setsid=True
         )
     except OSError as e:
         raise CommandFailed(args, 127, f"{args[0]}: cannot start ({e.strerror})") from e
-    _children[p.pid] = p
-    return p
+    child = _children[pid] = Child(pid)
+    return child
 
 
 def reap() -> None:

@@ -4,16 +4,19 @@
 #   sh wrap.sh ATTEMPT_DIR [tee|file]
 #
 # Contract (see gpusched/attempt.py, which owns every path named here):
-#   - writes ATTEMPT_DIR/pid ("PID STARTED_AT") before the job starts;
-#   - runs ATTEMPT_DIR/launch.sh (env + cd + the job's command), its stdout and stderr
-#     appended to ATTEMPT_DIR/output.log, and also shown on this terminal in "tee" mode;
-#   - writes ATTEMPT_DIR/exit.json atomically (temp file + rename) when the job ends, also when
-#     the job was stopped with SIGTERM/SIGINT/SIGHUP;
+#   - writes ATTEMPT_DIR/pid (its own PID) before the job starts; the file's mtime is the
+#     attempt's start time;
+#   - runs ATTEMPT_DIR/launch.sh (env + cd + the job's command) in a subshell, its stdout and
+#     stderr appended to ATTEMPT_DIR/output.log, and also shown on this terminal in "tee" mode;
+#   - writes ATTEMPT_DIR/exit.json when the job ends, also when the job was stopped with
+#     SIGTERM/SIGINT/SIGHUP; the file's mtime is the attempt's end time;
 #   - then pokes the daemon's wake FIFO ($GPUSCHED_WAKE) so a freed slot is refilled at once.
-# It is POSIX sh on purpose: no interpreter start on the hot path of every job. It also starts
-# as few programs as it can -- date twice, mv once (tee in "tee" mode), with LC_ALL=C so they
-# load no locale -- because on a busy machine each exec costs about a millisecond, and that is
-# what dispatching a thousand short jobs is made of.
+# It is POSIX sh on purpose, and starts no program of its own in "file" mode (only tee in
+# "tee" mode): every step is a shell builtin, because on a busy machine each exec costs about
+# a millisecond, and that is what dispatching a thousand short jobs is made of. So the clock
+# is the kernel's (file mtimes, not `date`), and exit.json is one short write instead of a
+# temp file and `mv`: a reader sees a whole JSON object or none (a cut-short prefix does not
+# parse), and the daemon only trusts a missing or partial one once this process is gone.
 dir=$1
 mode=${2:-tee}
 caught=
@@ -21,20 +24,17 @@ rc=
 trap 'caught=15' TERM
 trap 'caught=2' INT
 trap 'caught=1' HUP
-started=$(LC_ALL=C date +%s.%N)
-# one short write (no temp + rename): a reader sees the whole line or an empty file
-printf '%s %s\n' "$$" "$started" >"$dir/pid"
+printf '%s\n' "$$" >"$dir/pid"
 if [ "$mode" = tee ]; then
     # the output goes through tee to this terminal (fd 4); the exit status comes back on fd 3
     exec 4>&1
-    rc=$({ { sh "$dir/launch.sh" 2>&1 3>&- 4>&-; echo $? >&3; } |
+    rc=$({ { (set --; . "$dir/launch.sh") 2>&1 3>&- 4>&-; echo $? >&3; } |
         LC_ALL=C tee -a "$dir/output.log" >&4 3>&-; } 3>&1)
     exec 4>&-
 else
-    sh "$dir/launch.sh" >>"$dir/output.log" 2>&1 </dev/null
+    (set --; . "$dir/launch.sh") >>"$dir/output.log" 2>&1 </dev/null
     rc=$?
 fi
-ended=$(LC_ALL=C date +%s.%N)
 code=null
 sig=null
 if [ -n "$rc" ]; then
@@ -43,9 +43,7 @@ if [ -n "$rc" ]; then
 elif [ -n "$caught" ]; then
     sig=$caught
 fi
-printf '{"exit_code": %s, "signal": %s, "started_at": %s, "ended_at": %s, "wrapper_pid": %s}\n' \
-    "$code" "$sig" "$started" "$ended" "$$" >"$dir/exit.json.tmp" &&
-    LC_ALL=C mv -f "$dir/exit.json.tmp" "$dir/exit.json"
+printf '{"exit_code": %s, "signal": %s, "wrapper_pid": %s}\n' "$code" "$sig" "$$" >"$dir/exit.json"
 if [ -n "${GPUSCHED_WAKE:-}" ] && [ -p "$GPUSCHED_WAKE" ]; then
     # read-write open of a FIFO never blocks on Linux, whether or not the daemon listens
     { printf x >&3; } 3<>"$GPUSCHED_WAKE" 2>/dev/null

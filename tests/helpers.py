@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -22,3 +23,15 @@ def retry_until(predicate: Callable[[], T], timeout: float = 10.0, interval: flo
         time.sleep(interval)
         last = predicate()
     return last
+
+
+def read_launch(path: Path) -> tuple[dict[str, str], str]:
+    """(injected variables, command line) of an attempt, read back from its launch.sh the way
+    a user would: the `export` lines after the "injected" comment, the lines after "the command"."""
+    import shlex
+
+    text = path.read_text()
+    head, _, command = text.partition("\n# the command:\n")
+    injected = head.split("\n# injected by gpusched (tier, GPU, attempt):\n", 1)[1].rpartition("\ncd ")[0]
+    words = [w for w in shlex.split(injected) if w != "export"]
+    return dict(w.partition("=")[::2] for w in words), command.rstrip("\n")

@@ -39,7 +39,7 @@ class SubprocessExecutor:
             "GPUSCHED_TOKEN": req.token,
             "GPUSCHED_HOME": str(self.home.root),
         }
-        p = proc.spawn(wrapper_argv(req), env=env, cwd=req.workdir)
+        p = proc.spawn(wrapper_argv(req), env=env)  # launch.sh changes to req.workdir
         return {"pid": p.pid, "pid_started_at": proc.started_at(p.pid, zombies=True)}
 
     def alive(self, handle: Handle) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import stat
 from collections.abc import Callable, Iterator
@@ -146,9 +147,16 @@ def tmux_bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
 
 
 def exited(paths: AttemptPaths) -> dict[str, object]:
-    """exit.json once the wrapper has written it (polled)."""
-    retry_until(paths.exit.exists)
-    return json.loads(paths.exit.read_text())
+    """exit.json once the wrapper has written it (polled: it is one short write, so a reader
+    may see it created but still empty)."""
+    return retry_until(lambda: _parsed(paths.exit))
+
+
+def _parsed(path: Path) -> dict[str, object] | None:
+    try:
+        return json.loads(path.read_text())  # type: ignore[no-any-return]
+    except (OSError, ValueError):
+        return None
 
 
 def running(pid: int) -> bool:
@@ -244,10 +252,26 @@ def test_env_reaches_the_job(bench: Bench) -> None:
     assert f"var={odd}|semi=x;|token={req.token}" in paths.output.read_text()
 
 
-def test_workdir_is_respected(bench: Bench) -> None:
+def test_job_runs_in_its_workdir_and_never_elsewhere(bench: Bench) -> None:
+    """launch.sh changes to the job's workdir (as materialize writes it); a workdir that is
+    gone stops the job with 126 instead of running it somewhere else."""
     wd = bench.root / "work dir"
     wd.mkdir()
-    _, paths, _ = bench.launch("pwd -P\n", workdir=wd)
+    cd = f"cd {shlex.quote(str(wd))} || exit 126\n"
+    _, paths, _ = bench.launch(cd + "pwd -P\n", workdir=wd)
+    assert exited(paths)["exit_code"] == 0
+    assert str(wd.resolve()) in paths.output.read_text().splitlines()
+    gone = f"cd {shlex.quote(str(bench.root / 'gone'))} || exit 126\ntouch ran-anyway\n"
+    _, paths, _ = bench.launch(gone, workdir=wd)
+    assert exited(paths)["exit_code"] == 126
+    assert not list(bench.root.rglob("ran-anyway"))
+
+
+def test_tmux_pane_opens_in_the_workdir(tmux_bench: Bench) -> None:
+    """The pane starts in the job's workdir, so a user who attaches lands there."""
+    wd = tmux_bench.root / "work dir"
+    wd.mkdir()
+    _, paths, _ = tmux_bench.launch("pwd -P\n", workdir=wd)
     assert exited(paths)["exit_code"] == 0
     assert str(wd.resolve()) in paths.output.read_text().splitlines()
 

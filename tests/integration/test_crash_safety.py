@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from gpusched import plan, proc, scheduler
+from gpusched.attempt import AttemptPaths
 from gpusched.executors.fake import FakeExecutor
 from gpusched.executors.select import make_executor
 from gpusched.gpus.fake import FakeProbe
@@ -179,8 +180,8 @@ def test_a_job_that_ended_while_the_daemon_was_down_is_reaped_from_its_exit_reco
     monkeypatch.setattr(w.store, "mark_running", crash)
     with pytest.raises(Crash):
         w.tick()
-    exit_json = Path(w.store.attempts("c/j0")[0].dir) / "exit.json"
-    retry_until(exit_json.exists, timeout=10)
+    paths = AttemptPaths(Path(w.store.attempts("c/j0")[0].dir))
+    retry_until(lambda: paths.read_exit() is not None, timeout=10)
     notes = w.restart().reconcile(time.time())
     assert notes == ["c/j0: ended while the daemon was down (ok)"], notes
     assert w.job().state is JobState.SUCCEEDED and w.launches_by_job() == {"j0": 1}
@@ -324,10 +325,8 @@ def test_a_reused_pid_is_not_taken_for_a_live_attempt(make_world: Any) -> None:
 
 def test_an_exit_record_that_cannot_be_written_means_lost_and_requeued(make_world: Any) -> None:
     """What a full log disk does to the wrapper: its exit.json write fails. Simulated by the
-    job turning the temp file's name into a directory on its first attempt."""
-    w = make_world(
-        script='[ "$GPUSCHED_ATTEMPT" = 1 ] && mkdir "$GPUSCHED_ATTEMPT_DIR/exit.json.tmp"; exit 0'
-    )
+    job turning the file's name into a directory on its first attempt."""
+    w = make_world(script='[ "$GPUSCHED_ATTEMPT" = 1 ] && mkdir "$GPUSCHED_ATTEMPT_DIR/exit.json"; exit 0')
     w.run_until_done()
     assert w.outcomes() == ["lost", "ok"]
     assert w.job().state is JobState.SUCCEEDED and w.launches_by_job() == {"j0": 2}
@@ -446,10 +445,10 @@ def test_discover_names_the_wrapper_not_a_subshell_with_its_command_line(tmp_pat
         )
     )
     try:
-        retry_until(lambda: (dirs[0] / "pid").exists() and (dirs[1] / "pid").exists(), timeout=10)
+        pids = retry_until(lambda: all(AttemptPaths(d).read_pid() for d in dirs) and dirs, timeout=10)
         found = ex.discover()
         assert "forked" not in found
-        assert found["real"]["pid"] == handle["pid"] == int((dirs[1] / "pid").read_text().split()[0])
+        assert found["real"]["pid"] == handle["pid"] == AttemptPaths(pids[1]).read_pid()[0]  # type: ignore[index]
     finally:
         proc.signal_group(leader.pid, signal.SIGKILL)
         proc.signal_group(handle["pid"], signal.SIGKILL)

@@ -67,7 +67,7 @@ def test_exit_codes_gres_and_output(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert all(re.fullmatch(r"\d+", h["slurm_job_id"]) for h in handles.values())
     assert len({h["slurm_job_id"] for h in handles.values()}) == 3
     paths = {k: AttemptPaths(r.attempt_dir) for k, r in reqs.items()}
-    assert retry_until(lambda: all(p.exit.exists() for p in paths.values()), timeout=60, interval=0.25)
+    assert retry_until(lambda: all(p.read_exit() for p in paths.values()), timeout=60, interval=0.25)
 
     exits = {k: p.read_exit() for k, p in paths.items()}
     assert {k: e.exit_code if e else None for k, e in exits.items()} == {"ok": 0, "three": 3, "oom": 1}
@@ -115,7 +115,7 @@ def test_alive_terminate_and_cancelled_state(tmp_path: Path) -> None:
     info = wait_state(ex, h, "CANCELLED")
     assert info.terminal
     # Slurm sent SIGTERM: the wrapper still wrote the attempt's exit record
-    assert retry_until(lambda: paths.exit.exists(), timeout=15, interval=0.25)
+    assert retry_until(lambda: paths.read_exit(), timeout=15, interval=0.25)
     rec = paths.read_exit()
     assert rec is not None and (rec.signal == 15 or rec.exit_code == 143), rec
     ex.terminate(h)  # idempotent on an ended job
@@ -148,7 +148,7 @@ def test_requeue_is_a_new_job_with_its_own_dir(tmp_path: Path) -> None:
     h2 = ex.launch(replace(first, attempt_dir=second_dir, token=first.token + "-2"))
     assert h1 != h2
     p1, p2 = AttemptPaths(first.attempt_dir), AttemptPaths(second_dir)
-    assert retry_until(lambda: p1.exit.exists() and p2.exit.exists(), timeout=60, interval=0.25)
+    assert retry_until(lambda: p1.read_exit() and p2.read_exit(), timeout=60, interval=0.25)
     assert (p1.read_exit().exit_code, p2.read_exit().exit_code) == (1, 0)  # type: ignore[union-attr]
 
 
@@ -187,7 +187,7 @@ def test_really_purged_job(tmp_path: Path) -> None:
     ex = sl.SlurmExecutor(None)
     req = attempt(tmp_path, "purged", "exit 4")
     h = ex.launch(req)
-    assert retry_until(lambda: AttemptPaths(req.attempt_dir).exit.exists(), timeout=60, interval=0.25)
+    assert retry_until(lambda: AttemptPaths(req.attempt_dir).read_exit(), timeout=60, interval=0.25)
     assert retry_until(lambda: not ex.alive(h), timeout=30, interval=0.25)
 
     def purged() -> bool:

@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from gpusched import proc
+from gpusched.attempt import AttemptPaths
 from gpusched.store import Store
 from tests.conftest import run_cli
 from tests.helpers import retry_until
@@ -67,16 +68,7 @@ def launches(project: Path) -> list[str]:
 
 def wrapper_pid(home: Path, job_id: str) -> tuple[int, float]:
     a = store(home).attempts(job_id)[-1]
-    pid = retry_until(lambda: _read_pid(Path(a.dir)), timeout=10)
-    return pid
-
-
-def _read_pid(d: Path) -> tuple[int, float] | None:
-    try:
-        pid, started = (d / "pid").read_text().split()
-        return int(pid), float(started)
-    except (OSError, ValueError):
-        return None
+    return retry_until(AttemptPaths(Path(a.dir)).read_pid, timeout=10)
 
 
 def daemon_pid(home: Path) -> int:
@@ -122,7 +114,7 @@ def test_jobs_outlive_the_daemon_and_a_new_daemon_re_adopts_them(
     if how == "stop":  # they end while no daemon runs: the next one reaps them from exit.json
         (project / "go").touch()
         for a in (store(gs_home).attempts(f"night/{j}")[-1] for j in "ab"):
-            retry_until((Path(a.dir) / "exit.json").exists, timeout=20)
+            retry_until(AttemptPaths(Path(a.dir)).read_exit, timeout=20)
         run_cli("daemon", "start", cwd=project, env=FAKE, check=True)
     else:  # a new daemon re-adopts them while they run
         run_cli("daemon", "start", cwd=project, env=FAKE, check=True)

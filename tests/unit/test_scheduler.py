@@ -3,7 +3,6 @@ decisions end to end (place, launch, reap, requeue down the ladder, cancel, rest
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from gpusched.model import BatchRule, GpuPlan, JobSpec, JobState, ResumeSpec, Su
 from gpusched.scheduler import Scheduler
 from gpusched.store import Store
 from gpusched.tiers import DEFAULT_ENV
+from tests.helpers import read_launch
 
 OOM_TAIL = (
     "Traceback (most recent call last):\n"
@@ -87,19 +87,22 @@ def test_fills_exactly_the_slots_of_the_plan_and_records_why_the_rest_waits(
     assert world.tick().launched == []  # nothing frees, nothing launches
 
 
-def test_attempt_directory_holds_config_env_command_and_launch_script(world: World, tmp_path: Path) -> None:
+def test_attempt_directory_holds_config_and_a_launch_script_with_env_and_command(
+    world: World, tmp_path: Path
+) -> None:
     world.submit(make_suite(tmp_path, n=1))
     world.tick()
     d = tmp_path / "logs" / "E1" / "0-task" / "1-A"
     cfg = (d / "config.yaml").read_text()
     assert cfg.startswith("# materialized by gpusched for E1/0-task, attempt 1, tier A")
     assert "batch_size: 8" in cfg and "seed: 0" in cfg
-    env = json.loads((d / "env.json").read_text())
+    env, command = read_launch(d / "launch.sh")
     assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == env["PYTORCH_ALLOC_CONF"] == "expandable_segments:True"
     assert env["GPUSCHED_JOB_ID"] == "E1/0-task" and env["GPUSCHED_TIER"] == "A"
-    assert (d / "command.txt").read_text().strip() == f"python train.py --config {d / 'config.yaml'}"
+    assert command == f"python train.py --config {d / 'config.yaml'}"
     assert "export OMP_NUM_THREADS=1" in (d / "launch.sh").read_text()
+    assert sorted(p.name for p in d.iterdir()) == ["config.yaml", "launch.sh"]  # before the wrapper runs
 
 
 def test_a_freed_slot_is_refilled_on_the_next_tick(world: World, tmp_path: Path) -> None:
