@@ -357,30 +357,40 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(_status_doc(args, store), default=str))
         return 0
-    from rich.console import Console
+    from gpusched.views import MAX_TABLE_JOBS, format_status
 
-    from gpusched.gpus.select import make_probe
-    from gpusched.views import MAX_TABLE_JOBS, render_status
-
-    console = Console()
     rows = MAX_TABLE_JOBS  # read only the rows the table shows: a 10k-job store costs what 40 jobs cost
+    width, color = _terminal()
     if not args.watch:
-        console.print(render_status(_status_doc(args, store, table_rows=rows)))
+        print(format_status(_status_doc(args, store, table_rows=rows), width=width, color=color))
         return 0
-    from rich.live import Live
-
     from gpusched import daemon
+    from gpusched.gpus.select import make_probe
 
     probe = make_probe(_daemon_probe_spec(daemon.info(_home())))
-    with Live(
-        render_status(_status_doc(args, store, probe, rows)),
-        console=console,
-        screen=False,
-        refresh_per_second=4,
-    ) as live:
-        while True:
-            time.sleep(args.interval)
-            live.update(render_status(_status_doc(args, store, probe, rows)))
+    while True:  # a dashboard: the screen redrawn every --interval seconds until Ctrl-C
+        text = format_status(_status_doc(args, store, probe, rows), width=width, color=color)
+        sys.stdout.write(("\x1b[H\x1b[2J" if sys.stdout.isatty() else "\n") + text + "\n")
+        sys.stdout.flush()
+        time.sleep(args.interval)
+        width, _ = _terminal()
+
+
+def _terminal() -> tuple[int, bool]:
+    """Columns to lay tables out in and whether to colour, as rich decides them: ``COLUMNS``,
+    else the terminal's width, else 80; colour on a terminal unless ``NO_COLOR`` or
+    ``TERM=dumb``, or always with ``FORCE_COLOR``."""
+    tty = sys.stdout.isatty()
+    try:
+        width = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        try:
+            width = os.get_terminal_size(sys.stdout.fileno()).columns if tty else 80
+        except (OSError, ValueError):
+            width = 80
+    env = os.environ
+    color = bool(env.get("FORCE_COLOR")) or (tty and not env.get("NO_COLOR") and env.get("TERM") != "dumb")
+    return max(width, 20), color
 
 
 # --------------------------------------------------------------------------- jobs

@@ -1,70 +1,32 @@
-"""What ``status`` shows: one plain document (stable JSON keys) and its rich rendering.
+"""What ``status`` shows: one plain document (stable JSON keys) and its text rendering.
 
-``status_doc`` is plain data built from the store and a probe snapshot; ``render_status``
-turns it into rich tables. rich is imported only by the renderers, so ``status --json``
-stays fast.
+``status_doc`` is plain data built from the store and a probe snapshot, straight from SQLite
+rows (:meth:`Store.job_views`): ``status --json`` lists every job, 10k of them in tens of
+milliseconds. ``format_status`` turns it into boxed tables with plain string formatting, no
+rich: a ``status`` costs little more than the interpreter's start.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
+import unicodedata
 from collections import Counter
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from gpusched import memory, memwatch
-from gpusched.attempt import AttemptPaths
-from gpusched.model import GpuState, JobState
+from gpusched.model import GpuState
 from gpusched.placement import DEFAULT_HEADROOM_FRAC
-from gpusched.store import AttemptRow, JobRow, Store, SuiteRow
+from gpusched.store import AttemptRow, Store, SuiteRow
 
 MAX_TABLE_JOBS = 40  # rows of the plain table: running and failed first; the rest is summed up by state
+TABLE_ORDER = ("running", "failed", "queued", "cancelled", "succeeded")  # what a person looks for first
 
 
 def gib(mib: int | None) -> str:
     return "?" if mib is None else f"{mib / 1024:.1f}"
-
-
-def job_doc(job: JobRow, last: AttemptRow | None, *, now: float, with_line: bool = True) -> dict[str, Any]:
-    runtime_s = None
-    if last is not None and last.started_at:
-        runtime_s = (
-            round((last.ended_at or now) - last.started_at, 1) if job.state is not JobState.QUEUED else None
-        )
-    log_path = str(AttemptPaths(Path(last.dir)).output) if last else None
-    doc: dict[str, Any] = {
-        "id": job.id,
-        "suite": job.suite,
-        "name": job.name,
-        "state": job.state.value,
-        "tier": last.tier_name if last and last.tier == job.tier else None,
-        "tier_index": job.tier,
-        "attempt": job.attempts,
-        "gpu": last.gpu if last and job.state is JobState.RUNNING else (last.gpu if last else None),
-        "outcome": job.outcome,
-        "reason": job.wait_reason if job.state is JobState.QUEUED and job.wait_reason else job.reason,
-        "line": job.line,
-        "log": log_path,
-        "runtime_s": runtime_s,
-        "started_at": last.started_at if last else None,
-        "ended_at": job.ended_at,
-        "predicted_mib": last.predicted_mib if last else None,
-        "prediction_source": last.prediction_source if last else None,
-        "peak_mib": last.peak_mib if last else None,
-        "cancel_requested": job.cancel_requested,
-        "backend_handle": last.handle if last else None,
-    }
-    if with_line and job.state is JobState.RUNNING and last is not None:
-        doc["last_line"] = AttemptPaths(Path(last.dir)).last_line()[:200]
-    return doc
-
-
-def tier_names(suites: dict[str, SuiteRow], job: JobRow) -> tuple[str, int]:
-    s = suites.get(job.suite)
-    if s is None or not s.suite.tiers:
-        return (str(job.tier), 1)
-    t = min(job.tier, len(s.suite.tiers) - 1)
-    return (s.suite.tiers[t].name, len(s.suite.tiers))
 
 
 def status_doc(
@@ -82,15 +44,18 @@ def status_doc(
 ) -> dict[str, Any]:
     """The whole status as plain data. Keys of ``gpus`` and ``jobs`` entries are stable.
     ``jobs`` lists every job in submission order, or with ``table_rows`` only that many, the
-    ones the table shows first (:meth:`Store.jobs_first`): then the cost does not grow with
-    the store. ``trees`` and ``host`` replace the real process table and host RAM (tests)."""
+    ones the table shows first (running, failed, queued, cancelled, succeeded; at most
+    ``table_rows`` read per state): then the cost does not grow with the store. ``trees``
+    and ``host`` replace the real process table and host RAM (tests)."""
     now = time.time() if now is None else now
     suites = {s.name: s for s in store.suites()}
     if table_rows is None:
-        jobs = store.jobs(suite=suite, limit=job_limit)
+        rows = store.job_views(suite=suite, limit=job_limit)
     else:
-        jobs = store.jobs_first(suite=suite, limit=table_rows)
-    last = store.last_attempts([j.id for j in jobs if j.attempts])
+        rows = []
+        for state in TABLE_ORDER:
+            if len(rows) < table_rows:
+                rows += store.job_views(suite=suite, state=state, limit=table_rows - len(rows))
     live = store.live_attempts()
     running_on = Counter(a.gpu for a in live if a.gpu is not None)
     active = store.active_suites(suite=suite) or set(suites)
@@ -122,15 +87,8 @@ def status_doc(
                 ],
             }
         )
-    jdocs = []
-    for j in jobs:
-        d = job_doc(j, last.get(j.id), now=now)
-        name, n = tier_names(suites, j)
-        d["tier"] = name
-        d["tiers"] = n
-        d["start_tier"] = None
-        jdocs.append(d)
-    _queued_predictions(store, jobs, jdocs, suites, gpus, att)
+    jdocs = job_docs(rows, suites, now=now)
+    _queued_predictions(store, rows, jdocs, suites, gpus)
     return {
         "daemon": daemon,
         "notice": notice,
@@ -140,6 +98,74 @@ def status_doc(
         "gpus": gdocs,
         "jobs": jdocs,
     }
+
+
+def job_docs(
+    rows: Sequence[tuple[Any, ...]], suites: dict[str, SuiteRow], *, now: float, with_line: bool = True
+) -> list[dict[str, Any]]:
+    """One ``jobs`` entry per :meth:`Store.job_views` row. Queued jobs get their prediction
+    from :func:`_queued_predictions`; running ones the last line of their log."""
+    tier_names = {name: [t.name for t in s.suite.tiers] for name, s in suites.items()}
+    out = []
+    for (
+        job_id,
+        suite,
+        name,
+        _task,
+        state,
+        tier,
+        attempts,
+        outcome,
+        reason,
+        line,
+        wait_reason,
+        cancel_requested,
+        ended_at,
+        gpu,
+        adir,
+        started_at,
+        attempt_ended_at,
+        predicted_mib,
+        prediction_source,
+        peak_mib,
+        handle,
+    ) in rows:
+        names = tier_names.get(suite)
+        runtime_s = None
+        if started_at and state != "queued":
+            runtime_s = round((attempt_ended_at or now) - started_at, 1)
+        doc = {
+            "id": job_id,
+            "suite": suite,
+            "name": name,
+            "state": state,
+            "tier": names[min(tier, len(names) - 1)] if names else str(tier),
+            "tier_index": tier,
+            "attempt": attempts,
+            "gpu": gpu,
+            "outcome": outcome,
+            "reason": wait_reason if state == "queued" and wait_reason else reason,
+            "line": line,
+            "log": None if adir is None else os.path.join(adir, "output.log"),  # AttemptPaths.output
+            "runtime_s": runtime_s,
+            "started_at": started_at,
+            "ended_at": ended_at,
+            "predicted_mib": predicted_mib,
+            "prediction_source": prediction_source,
+            "peak_mib": peak_mib,
+            "cancel_requested": bool(cancel_requested),
+            "backend_handle": json.loads(handle) if handle else None,
+        }
+        if with_line and state == "running" and adir is not None:
+            from pathlib import Path
+
+            from gpusched.attempt import AttemptPaths
+
+            doc["last_line"] = AttemptPaths(Path(adir)).last_line()[:200]
+        doc["tiers"] = len(names) if names else 1
+        doc["start_tier"] = None
+        out.append(doc)
+    return out
 
 
 def attribution(
@@ -171,30 +197,44 @@ def _process_doc(att: memory.Attribution, gpu: int, pid: int, used_mib: int | No
 
 def _queued_predictions(
     store: Store,
-    jobs: list[JobRow],
+    rows: Sequence[tuple[Any, ...]],
     jdocs: list[dict[str, Any]],
     suites: dict[str, SuiteRow],
     gpus: list[GpuState],
-    att: memory.Attribution,
 ) -> None:
-    """Queued jobs get the prediction (and start tier) the scheduler would place them with."""
-    queued = [j for j in jobs if j.state is JobState.QUEUED]
-    if not queued:
-        return
-    empty = memory.rooms(gpus, {}, DEFAULT_HEADROOM_FRAC)
-    demand = memwatch.demands(store, queued, suites.get, gpus, empty, headroom_frac=DEFAULT_HEADROOM_FRAC)
-    for d in jdocs:
-        dm = demand.get(d["id"])
-        if dm is None:
+    """Queued jobs get the prediction (and start tier) the scheduler would place them with.
+
+    A job that never ran has no history of its own, so all such jobs of one suite, task and
+    tier get the same prediction (:func:`memwatch.demands` shares it too): one of them stands
+    for the rest, and a queue of 10k costs a few demands, not 10k."""
+    stand_in: dict[tuple[str, str, int] | str, str] = {}  # kind of job -> the job asked about
+    kinds: list[tuple[dict[str, Any], tuple[str, str, int] | str]] = []
+    for row, doc in zip(rows, jdocs, strict=True):
+        job_id, suite, _, task, state, tier, attempts = row[:7]
+        if state != "queued":
             continue
+        kind = (suite, task, tier) if attempts == 0 else job_id
+        stand_in.setdefault(kind, job_id)
+        kinds.append((doc, kind))
+    if not kinds:
+        return
+    jobs = [j for j in map(store.job, stand_in.values()) if j is not None]
+    empty = memory.rooms(gpus, {}, DEFAULT_HEADROOM_FRAC)
+    demand = memwatch.demands(store, jobs, suites.get, gpus, empty, headroom_frac=DEFAULT_HEADROOM_FRAC)
+    shown: dict[
+        str, tuple[int | None, str, str]
+    ] = {}  # job asked about -> prediction, its source, start tier
+    for job_id, dm in demand.items():
         pred = dm.prediction()
-        d["predicted_mib"], d["prediction_source"] = pred.mib, pred.source
-        d["start_tier"] = dm.view.tiers[dm.view.tier].name
+        shown[job_id] = (pred.mib, pred.source, dm.view.tiers[dm.view.tier].name)
+    for doc, kind in kinds:
+        if stand_in[kind] in shown:
+            doc["predicted_mib"], doc["prediction_source"], doc["start_tier"] = shown[stand_in[kind]]
 
 
 def host_doc(store: Store, host: memory.HostMemory | None, *, now: float) -> dict[str, Any]:
     """Host RAM as launches see it: available, the minimum, and why launches wait (or None)."""
-    host = host or memwatch.host_memory()
+    host = host or host_memory()
     limit = memwatch.host_limit_from_env()
     hold = memwatch.host_hold(store)
     return {
@@ -206,9 +246,21 @@ def host_doc(store: Store, host: memory.HostMemory | None, *, now: float) -> dic
     }
 
 
-# --------------------------------------------------------------------------- rich
+def host_memory() -> memory.HostMemory:
+    """Host RAM from ``/proc/meminfo``, the numbers psutil reports on Linux, without the ~10 ms
+    of importing psutil; elsewhere through psutil (:func:`memwatch.host_memory`)."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            kib = {key: int(rest.split()[0]) for key, _, rest in (line.partition(b":") for line in f)}
+        return memory.HostMemory(available_mib=kib[b"MemAvailable"] >> 10, total_mib=kib[b"MemTotal"] >> 10)
+    except (OSError, KeyError, ValueError, IndexError):
+        return memwatch.host_memory()
 
 
+# --------------------------------------------------------------------------- text
+
+
+#: Styles by state (rich style names: ``report`` renders with rich; ``status`` maps them to ANSI).
 STATE_STYLE = {
     "queued": "yellow",
     "running": "cyan",
@@ -216,76 +268,182 @@ STATE_STYLE = {
     "failed": "bold red",
     "cancelled": "magenta",
 }
+_SGR = {
+    "bold": "1",
+    "dim": "2",
+    "italic": "3",
+    "red": "31",
+    "green": "32",
+    "yellow": "33",
+    "magenta": "35",
+    "cyan": "36",
+}
 
 
-def render_status(doc: dict[str, Any], *, max_jobs: int = MAX_TABLE_JOBS) -> Any:
-    """A rich renderable: daemon line, GPU table, job table."""
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
+def format_status(
+    doc: dict[str, Any], *, width: int = 80, color: bool = False, max_jobs: int = MAX_TABLE_JOBS
+) -> str:
+    """The status as text for a terminal ``width`` columns wide: daemon line, GPU table, job
+    table, with ANSI colours when ``color``. Tables that do not fit shrink their widest
+    columns first and wrap their cells."""
 
-    parts: list[Any] = []
+    def paint(text: str, style: str) -> str:
+        if not color or not text or not style:
+            return text
+        return f"\x1b[{';'.join(_SGR[w] for w in style.split())}m{text}\x1b[0m"
+
+    out: list[str] = []
     d = doc["daemon"]
-    head = Text()
     if d:
-        head.append(f"daemon pid {d.get('pid')}  probe {d.get('probe')}", style="bold")
+        head = paint(f"daemon pid {d.get('pid')}  probe {d.get('probe')}", "bold")
     else:
-        head.append("daemon not running", style="bold red")
-        head.append("  (it starts with `gpusched submit`, or `gpusched daemon start`)")
+        head = paint("daemon not running", "bold red")
+        head += "  (it starts with `gpusched submit`, or `gpusched daemon start`)"
     if doc.get("draining"):
-        head.append("  DRAINING: no new launches (`gpusched drain --off` resumes)", style="bold yellow")
-    c = doc["counts"]
-    head.append("\n" + "  ".join(f"{k} {v}" for k, v in c.items()))
-    parts.append(head)
+        head += paint("  DRAINING: no new launches (`gpusched drain --off` resumes)", "bold yellow")
+    out.append(head)
+    out.append("  ".join(f"{k} {v}" for k, v in doc["counts"].items()))
     if doc.get("notice"):
-        parts.append(Text(doc["notice"], style="dim"))
+        out.append(paint(_clean(doc["notice"]), "dim"))
     if (doc.get("host") or {}).get("wait"):
-        parts.append(Text(f"launches wait: {doc['host']['wait']}", style="bold yellow"))
+        out.append(paint(f"launches wait: {doc['host']['wait']}", "bold yellow"))
     if doc["gpus"]:
-        gt = Table(title="GPUs", title_justify="left", expand=False)
-        for col in ("GPU", "memory used / total GiB", "free GiB", "util", "slots", "outside processes"):
-            gt.add_column(col)
-        for g in doc["gpus"]:
-            outsiders = [p for p in g["processes"] if not p["ours"]]
-            gt.add_row(
-                str(g["index"]),
-                f"{gib(g['used_mib'])} / {gib(g['total_mib'])}",
-                gib(g["free_mib"]),
-                "?" if g["util_pct"] is None else f"{g['util_pct']}%",
-                f"{g['running']}/{g['slots']}",
-                ", ".join(f"pid {p['pid']} {gib(p['used_mib'])} GiB" for p in outsiders) or "",
-            )
-        parts.append(gt)
-    jobs = doc["jobs"]
+        heads = ["GPU", "memory used / total GiB", "free GiB", "util", "slots", "outside processes"]
+        out += _table("GPUs", heads, [_gpu_cells(g) for g in doc["gpus"]], width, paint)
     total = sum(doc["counts"].values())
-    jt = Table(title=f"Jobs ({total})", title_justify="left")
-    cols = ("job", "state", "GPU", "tier", "attempt", "runtime", "memory GiB", "outcome / why / last line")
-    for col in cols:
-        jt.add_column(col, overflow="fold")
-    shown = _pick_rows(jobs, max_jobs)
-    for j in shown:
-        why = j.get("last_line") if j["state"] == "running" else (j.get("reason") or "")
-        if j["state"] in ("failed",) and j.get("line"):
-            why = f"{j.get('reason')}: {j['line']}"
-        jt.add_row(
-            j["id"],
-            Text(
-                j["state"] + (" (stopping)" if j.get("cancel_requested") else ""),
-                style=STATE_STYLE.get(j["state"], ""),
-            ),
-            "" if j["gpu"] is None or j["state"] != "running" else str(j["gpu"]),
-            f"{j['tier']} ({j['tier_index'] + 1}/{j['tiers']})" if j.get("tiers", 1) > 1 else f"{j['tier']}",
-            f"{j['attempt']}" if j["attempt"] else "",
-            _dur(j.get("runtime_s")),
-            memory_cell(j),
-            Text(
-                (f"[{j['outcome']}] " if j.get("outcome") and j["state"] != "running" else "") + (why or "")
-            ),
-        )
-    parts.append(jt)
+    shown = _pick_rows(doc["jobs"], max_jobs)
+    heads = ["job", "state", "GPU", "tier", "attempt", "runtime", "memory GiB", "outcome / why / last line"]
+    out += _table(f"Jobs ({total})", heads, [_job_cells(j) for j in shown], width, paint)
     if len(shown) < total:
-        parts.append(Text(f"... {_hidden(doc['counts'], shown)} (use --json or --suite)", style="dim"))
-    return Group(*parts)
+        out.append(paint(f"... {_hidden(doc['counts'], shown)} (use --json or --suite)", "dim"))
+    return "\n".join(out)
+
+
+def _gpu_cells(g: dict[str, Any]) -> list[tuple[str, str]]:
+    """A GPU's row: (text, style) per column."""
+    outsiders = [p for p in g["processes"] if not p["ours"]]
+    cells = (
+        str(g["index"]),
+        f"{gib(g['used_mib'])} / {gib(g['total_mib'])}",
+        gib(g["free_mib"]),
+        "?" if g["util_pct"] is None else f"{g['util_pct']}%",
+        f"{g['running']}/{g['slots']}",
+        ", ".join(f"pid {p['pid']} {gib(p['used_mib'])} GiB" for p in outsiders),
+    )
+    return [(c, "") for c in cells]
+
+
+def _job_cells(j: dict[str, Any]) -> list[tuple[str, str]]:
+    """A job's row: (text, style) per column; the state is coloured."""
+    why = j.get("last_line") if j["state"] == "running" else (j.get("reason") or "")
+    if j["state"] == "failed" and j.get("line"):
+        why = f"{j.get('reason')}: {j['line']}"
+    tag = f"[{j['outcome']}] " if j.get("outcome") and j["state"] != "running" else ""
+    tier = f"{j['tier']} ({j['tier_index'] + 1}/{j['tiers']})" if j.get("tiers", 1) > 1 else f"{j['tier']}"
+    return [
+        (j["id"], ""),
+        (j["state"] + (" (stopping)" if j.get("cancel_requested") else ""), STATE_STYLE.get(j["state"], "")),
+        ("" if j["gpu"] is None or j["state"] != "running" else str(j["gpu"]), ""),
+        (tier, ""),
+        (f"{j['attempt']}" if j["attempt"] else "", ""),
+        (_dur(j.get("runtime_s")), ""),
+        (memory_cell(j), ""),
+        (tag + (why or ""), ""),
+    ]
+
+
+def _table(
+    title: str, heads: Sequence[str], rows: list[list[tuple[str, str]]], width: int, paint: Any
+) -> list[str]:
+    """A titled table boxed as rich draws one (heavy head, light body), as lines."""
+    heads = [_clean(h) for h in heads]
+    rows = [[(_clean(text), style) for text, style in row] for row in rows]
+    widths = [
+        max(_cell_len(t) for t in col) for col in zip(heads, *([t for t, _ in r] for r in rows), strict=True)
+    ]
+    room = max(len(widths), width - 3 * len(widths) - 1)  # each column has a border and a space each side
+    while sum(widths) > room and max(widths) > 1:  # the widest column gives way first
+        widths[widths.index(max(widths))] -= 1
+
+    def line(cells: Sequence[tuple[str, str]], bar: str, *, bottom: bool = False) -> list[str]:
+        """One row, as many lines as its tallest cell; cells at the top (``bottom``: at the bottom)."""
+        wrapped = [_wrap(text, w) for (text, _), w in zip(cells, widths, strict=True)]
+        height = max(len(p) for p in wrapped)
+        if bottom:
+            wrapped = [[""] * (height - len(p)) + p for p in wrapped]
+        return [
+            f"{bar} "
+            + f" {bar} ".join(
+                paint(part[k], style) + " " * (w - _cell_len(part[k])) if k < len(part) else " " * w
+                for part, (_, style), w in zip(wrapped, cells, widths, strict=True)
+            )
+            + f" {bar}"
+            for k in range(height)
+        ]
+
+    def rule(left: str, fill: str, mid: str, right: str) -> str:
+        return left + mid.join(fill * (w + 2) for w in widths) + right
+
+    lines = [paint(title, "italic"), rule("┏", "━", "┳", "┓")]
+    lines += line([(h, "bold") for h in heads], "┃", bottom=True)
+    lines.append(rule("┡", "━", "╇", "┩"))
+    for row in rows:
+        lines += line(row, "│")
+    lines.append(rule("└", "─", "┴", "┘"))
+    return lines
+
+
+def _clean(text: str) -> str:
+    """``text`` without control characters (a log line's ``\\r`` or colour codes), whitespace
+    as spaces: one cell stays one cell."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else " " if c.isspace() else "" for c in text)
+
+
+def _char_width(c: str) -> int:
+    if unicodedata.combining(c):
+        return 0
+    return 2 if unicodedata.east_asian_width(c) in ("W", "F") else 1
+
+
+def _cell_len(text: str) -> int:
+    """Terminal columns of ``text`` (East Asian wide characters take two)."""
+    return len(text) if text.isascii() else sum(map(_char_width, text))
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width`` columns, broken between words; a word longer
+    than a line is folded."""
+    if _cell_len(text) <= width:
+        return [text]
+    lines: list[str] = []
+    cur, cur_len = "", -1  # -1: nothing on the line yet
+    for word in text.split():
+        n = _cell_len(word)
+        if cur_len >= 0 and cur_len + 1 + n <= width:
+            cur, cur_len = f"{cur} {word}", cur_len + 1 + n
+            continue
+        if cur_len >= 0:
+            lines.append(cur)
+        while n > width:
+            head, word = _fold(word, width)
+            lines.append(head)
+            n = _cell_len(word)
+        cur, cur_len = word, n
+    if cur_len >= 0:
+        lines.append(cur)
+    return lines or [""]
+
+
+def _fold(word: str, width: int) -> tuple[str, str]:
+    """The first ``width`` columns of ``word`` (at least one character), and the rest."""
+    used = 0
+    for i, c in enumerate(word):
+        used += _char_width(c)
+        if used > width:
+            return word[: max(i, 1)], word[max(i, 1) :]
+    return word, ""
 
 
 def _hidden(counts: dict[str, int], shown: list[dict[str, Any]]) -> str:
@@ -310,7 +468,7 @@ def memory_cell(j: dict[str, Any]) -> str:
 
 def _pick_rows(jobs: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
     """Running and failed jobs first, then queued, then the rest, up to ``n`` rows."""
-    order = {"running": 0, "failed": 1, "queued": 2, "cancelled": 3, "succeeded": 4}
+    order = {state: k for k, state in enumerate(TABLE_ORDER)}
     return sorted(jobs, key=lambda j: order.get(j["state"], 9))[:n] if len(jobs) > n else jobs
 
 

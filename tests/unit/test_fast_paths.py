@@ -171,13 +171,9 @@ def test_a_suite_submitted_again_is_seen_by_the_next_tick(tmp_path) -> None:  # 
 def test_the_status_table_reads_only_the_rows_it_shows(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Plain `status` costs what its 40 rows cost however big the store; the rest is summed
     up by state, and the counts, GPUs and slots are those of the whole store."""
-    import io
-
-    from rich.console import Console
-
     from gpusched.model import GpuPlan
     from gpusched.store import Store
-    from gpusched.views import MAX_TABLE_JOBS, render_status, status_doc
+    from gpusched.views import MAX_TABLE_JOBS, format_status, status_doc
     from tests.unit.test_scheduler import make_suite
 
     store = Store(tmp_path / "db.sqlite")
@@ -191,9 +187,7 @@ def test_the_status_table_reads_only_the_rows_it_shows(tmp_path) -> None:  # typ
     table = status_doc(store, [], daemon=None, now=0.0, table_rows=MAX_TABLE_JOBS)
     assert len(full["jobs"]) == 300 and len(table["jobs"]) == MAX_TABLE_JOBS
     assert table["counts"] == full["counts"] and table["gpus"] == full["gpus"]
-    out = io.StringIO()
-    Console(file=out, width=200).print(render_status(table))
-    text = out.getvalue()
+    text = format_status(table, width=200)
     assert "Jobs (300)" in text and "260 more jobs: 260 cancelled (use --json or --suite)" in text
 
 

@@ -12,7 +12,7 @@ from gpusched.memory import HostMemory
 from gpusched.model import GpuPlan, GpuProcess, JobSpec, Suite, Tier
 from gpusched.scheduler import Scheduler, Settings
 from gpusched.store import Store
-from gpusched.views import memory_cell, render_status, status_doc
+from gpusched.views import format_status, memory_cell, status_doc
 
 GIB = 1024
 TIERS = (Tier(name="A"), Tier(name="B"), Tier(name="C"), Tier(name="D", exclusive=True))
@@ -263,14 +263,10 @@ def test_a_job_running_on_a_card_it_was_not_given_is_reported_once(tmp_path: Pat
 
 
 def test_status_renders_memory_outsiders_and_host_waits(tmp_path: Path) -> None:
-    from rich.console import Console
-
     box = Box(tmp_path, GpuPlan(gpus=(0, 1), slots=(1, 1)))
     box.procs[0] = [GpuProcess(pid=4242, used_mib=5 * GIB)]
     box.submit(make_suite(tmp_path, 1))
     box.tick()
     box.host = HostMemory(available_mib=1 * GIB, total_mib=256 * GIB)
-    console = Console(width=200, record=True)
-    console.print(render_status(box.status()))
-    text = console.export_text()
+    text = format_status(box.status(), width=200)
     assert "pid 4242 5.0 GiB" in text and "launches wait: host RAM low" in text and "~20.6 default" in text

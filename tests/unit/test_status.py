@@ -1,0 +1,142 @@
+"""``gpusched status``: the rows it shows are the store's records, queued jobs get the
+prediction the scheduler would use, the text table fits the terminal, and the command stays
+light (no rich, yaml, psutil or NVML on its path)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from gpusched import memwatch
+from gpusched.attempt import AttemptPaths
+from gpusched.model import GpuPlan, JobSpec, Suite
+from gpusched.placement import DEFAULT_HEADROOM_FRAC
+from gpusched.views import _wrap, format_status
+from tests.unit.test_memory_scheduler import GIB, TIERS, Box, oom_tail
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def mixed_suite(tmp: Path) -> Suite:
+    """Jobs of three tasks, interleaved: some will run, OOM and come back, most stay queued."""
+    names = [(f"{i}-{task}", task) for i in range(6) for task in ("qnli", "sst2", "rte")]
+    return Suite(
+        name="E1",
+        plan_path=str(tmp / "E1.yaml"),
+        workdir=str(tmp),
+        logs_dir=str(tmp / "logs" / "E1"),
+        command="python train.py --config {config}",
+        base_config=None,
+        tiers=TIERS,
+        jobs=tuple(JobSpec(suite="E1", name=n, task=t) for n, t in names),
+    )
+
+
+def busy_box(tmp_path: Path) -> Box:
+    """Three cards: one job succeeded, one OOMed and is queued again with a history of its
+    own, one running, the rest queued (draining: nothing new starts)."""
+    box = Box(tmp_path, GpuPlan(gpus=(0, 1, 2), slots=(1, 1, 1)), cards="3x24GiB")
+    box.submit(mixed_suite(tmp_path))
+    box.tick()
+    box.store.set_flag("draining", "1")
+    box.ex.finish(box.ex.token_of("E1/0-qnli"), exit_code=0, runtime={"peak_mib": 9 * GIB})
+    box.ex.finish(
+        box.ex.token_of("E1/0-sst2"), exit_code=1, output=oom_tail(23.5), runtime={"peak_mib": 23 * GIB}
+    )
+    box.tick()
+    return box
+
+
+def test_each_job_is_its_record_and_its_newest_attempt(tmp_path: Path) -> None:
+    box = busy_box(tmp_path)
+    docs = {d["id"]: d for d in box.status()["jobs"]}
+    jobs = box.store.jobs()
+    assert list(docs) == [j.id for j in jobs]  # submission order
+    for job in jobs:
+        d = docs[job.id]
+        attempts = box.store.attempts(job.id)
+        last = attempts[-1] if attempts else None
+        assert (d["state"], d["attempt"], d["tier_index"], d["outcome"]) == (
+            job.state.value,
+            job.attempts,
+            job.tier,
+            job.outcome,
+        )
+        assert d["log"] == (str(AttemptPaths(Path(last.dir)).output) if last else None)
+        assert d["gpu"] == (last.gpu if last else None)
+        assert d["started_at"] == (last.started_at if last else None)
+        assert d["peak_mib"] == (last.peak_mib if last else None)
+        assert d["backend_handle"] == (last.handle if last else None)
+        assert d["cancel_requested"] is job.cancel_requested
+        assert d["tier"] == TIERS[job.tier].name and d["tiers"] == len(TIERS)
+        if job.state.value == "running":
+            assert "last_line" in d and d["runtime_s"] is not None
+    assert json.loads(json.dumps(docs)) == docs  # plain data
+
+
+def test_queued_jobs_get_the_prediction_demands_gives_each_of_them(tmp_path: Path) -> None:
+    """status asks about one job per kind (suite, task, tier; or the job itself once it has a
+    history); every queued job must still show what memwatch.demands says of it alone."""
+    box = busy_box(tmp_path)
+    doc = box.status()
+    queued = [j for j in box.store.jobs() if j.state.value == "queued"]
+    assert any(j.attempts for j in queued) and len({j.task for j in queued}) == 3
+    suites = {s.name: s for s in box.store.suites()}
+    gpus = box.probe.snapshot()
+    from gpusched import memory
+
+    rooms = memory.rooms(gpus, {}, DEFAULT_HEADROOM_FRAC)
+    want = memwatch.demands(box.store, queued, suites.get, gpus, rooms, headroom_frac=DEFAULT_HEADROOM_FRAC)
+    shown = {d["id"]: d for d in doc["jobs"] if d["state"] == "queued"}
+    assert set(shown) == set(want)
+    for job_id, dm in want.items():
+        pred = dm.prediction()
+        got = shown[job_id]
+        assert (got["predicted_mib"], got["prediction_source"], got["start_tier"]) == (
+            pred.mib,
+            pred.source,
+            dm.view.tiers[dm.view.tier].name,
+        ), job_id
+
+
+def test_the_table_fits_the_terminal_and_keeps_every_word(tmp_path: Path) -> None:
+    box = busy_box(tmp_path)
+    doc = box.status()
+    doc["jobs"][0]["reason"] = "a\rb\x1b[31m red\tword and averyveryveryverylongwordthatmustbefolded"
+    for width in (200, 100, 60):
+        text = format_status(doc, width=width)
+        assert all(len(ln) <= width for ln in text.splitlines() if ln[:1] in "┏┃┡│└")
+        assert "\x1b" not in text and "\r" not in text  # a log line's control codes never reach the terminal
+    wide = format_status(doc, width=200)
+    assert "│ E1/0-qnli " in wide and "[ok] a b[31m red word and averyveryvery" in wide
+    assert "\x1b[" in format_status(doc, width=100, color=True)
+    assert _wrap("one two three", 7) == ["one two", "three"]
+    assert _wrap("abcdefghij", 4) == ["abcd", "efgh", "ij"]
+    assert _wrap("數據集 ok", 4) == ["數據", "集", "ok"]  # wide characters take two columns
+
+
+def test_status_loads_no_heavy_module(tmp_path: Path) -> None:
+    """Plain and --json status: no rich, yaml, psutil, NVML, tmux, filelock or torch imported."""
+    box = busy_box(tmp_path)
+    box.store.close()  # the last connection: the WAL is folded into the file
+    (tmp_path / "home").mkdir()
+    (tmp_path / "gs.db").rename(tmp_path / "home" / "gpusched.db")
+    code = (
+        "import sys\n"
+        "from gpusched.cli import main\n"
+        "for argv in (['status'], ['status', '--json']):\n"
+        "    assert main(argv) == 0\n"
+        "heavy = {'rich', 'yaml', 'psutil', 'pynvml', 'libtmux', 'filelock', 'tenacity', 'torch'}\n"
+        "print('LOADED', sorted(heavy & {m.split('.')[0] for m in sys.modules}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUSCHED_FAKE_GPUS", "NO_COLOR")}
+    env.update(GPUSCHED_HOME=str(tmp_path / "home"), GPUSCHED_FAKE_GPUS="2x24GiB", COLUMNS="120")
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    assert "Jobs (18)" in r.stdout and '"jobs": [' in r.stdout
+    assert r.stdout.splitlines()[-1] == "LOADED []"
