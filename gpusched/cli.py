@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import functools
 import json
 import os
 import sys
@@ -309,21 +310,30 @@ def _print_dry_run(suite: Suite, gplan: GpuPlan, backend: str, as_json: bool) ->
 # --------------------------------------------------------------------------- status
 
 
-def _status_doc(
-    args: argparse.Namespace, store: Store, probe: Probe | None = None, table_rows: int | None = None
-) -> dict[str, Any]:
+def _status_doc(args: argparse.Namespace, store: Store, table_rows: int | None = None) -> dict[str, Any]:
     from gpusched import daemon
-    from gpusched.gpus.select import make_probe
+    from gpusched.gpus import published
     from gpusched.views import status_doc
 
     home = _home()
     info = daemon.info(home)
-    probe = probe or make_probe(_daemon_probe_spec(info))
-    doc = status_doc(
-        store, probe.snapshot(), daemon=info, suite=args.suite, notice=probe.notice(), table_rows=table_rows
-    )
+    # the GPUs the daemon schedules on, as it last saw them; without a fresh snapshot, a probe of our own
+    seen = published.read(home, now=time.time()) if info else None
+    if seen is None:
+        probe = _probe(_daemon_probe_spec(info))
+        seen = probe.snapshot(), probe.notice()
+    gpus, notice = seen
+    doc = status_doc(store, gpus, daemon=info, suite=args.suite, notice=notice, table_rows=table_rows)
     _add_slurm_details(doc)
     return doc
+
+
+@functools.cache
+def _probe(spec: str | None) -> Probe:
+    """One probe per process and spec (``status --watch`` asks every second)."""
+    from gpusched.gpus.select import make_probe
+
+    return make_probe(spec)
 
 
 def _add_slurm_details(doc: dict[str, Any]) -> None:
@@ -364,12 +374,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not args.watch:
         print(format_status(_status_doc(args, store, table_rows=rows), width=width, color=color))
         return 0
-    from gpusched import daemon
-    from gpusched.gpus.select import make_probe
-
-    probe = make_probe(_daemon_probe_spec(daemon.info(_home())))
     while True:  # a dashboard: the screen redrawn every --interval seconds until Ctrl-C
-        text = format_status(_status_doc(args, store, probe, rows), width=width, color=color)
+        text = format_status(_status_doc(args, store, rows), width=width, color=color)
         sys.stdout.write(("\x1b[H\x1b[2J" if sys.stdout.isatty() else "\n") + text + "\n")
         sys.stdout.flush()
         time.sleep(args.interval)

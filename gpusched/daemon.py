@@ -160,6 +160,7 @@ def run(home: Home, *, probe_spec: str | None = None, interval_s: float = 1.0, s
     """The daemon's main loop (``gpusched daemon run``); returns the exit code."""
     from filelock import FileLock, Timeout
 
+    from gpusched.gpus import published
     from gpusched.gpus.select import make_probe
     from gpusched.scheduler import Scheduler, Settings
     from gpusched.store import Store
@@ -212,7 +213,7 @@ def run(home: Home, *, probe_spec: str | None = None, interval_s: float = 1.0, s
     log.info(
         "daemon %s ready (probe %s, cancel grace %.1f s)", os.getpid(), probe.name, settings.cancel_grace_s
     )
-    last_sample = 0.0
+    last_sample = last_published = 0.0
     failures = 0
     try:
         while not stopping:
@@ -228,6 +229,9 @@ def run(home: Home, *, probe_spec: str | None = None, interval_s: float = 1.0, s
                 log.exception("tick failed (%d in a row); retrying", failures)
                 _wait(fifo, min(30.0, 0.5 * 2 ** min(failures, 6)))
                 continue
+            if now - last_published >= interval_s:
+                _publish(home, sched.last_snapshot, probe.notice(), now)
+                last_published = now
             if now - last_sample >= sample_s:
                 _sample(store, sched, now)
                 last_sample = now
@@ -236,6 +240,8 @@ def run(home: Home, *, probe_spec: str | None = None, interval_s: float = 1.0, s
         log.info("daemon %s stopping; running jobs keep running", os.getpid())
         with contextlib.suppress(OSError):
             home.daemon_info.unlink()
+        with contextlib.suppress(OSError):
+            published.path(home).unlink()
         os.close(fifo)
         store.close()
         lock.release()
@@ -280,6 +286,17 @@ def _sample(store: Any, sched: Any, now: float) -> None:
         store.record_samples(now, [(g.index, g.used_mib, g.total_mib, g.util_pct) for g in gpus])
     except Exception:  # samples are a nicety; never let them stop scheduling
         log.exception("could not record GPU samples")
+
+
+def _publish(home: Home, gpus: list[Any], notice: str | None, now: float) -> None:
+    """Publish the snapshot this tick placed with, for clients: ``status`` shows it instead of
+    probing the GPUs itself (initialising NVML costs a client more than the rest of a status)."""
+    from gpusched.gpus import published
+
+    try:
+        published.publish(home, gpus, notice=notice, now=now)
+    except Exception:  # a nicety for clients; never let it stop scheduling
+        log.exception("could not publish the GPU snapshot")
 
 
 def _write_info(home: Home, doc: dict[str, Any]) -> None:

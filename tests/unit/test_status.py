@@ -8,7 +8,10 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from gpusched import memwatch
 from gpusched.attempt import AttemptPaths
@@ -140,3 +143,31 @@ def test_status_loads_no_heavy_module(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "Jobs (18)" in r.stdout and '"jobs": [' in r.stdout
     assert r.stdout.splitlines()[-1] == "LOADED []"
+
+
+def test_status_shows_the_snapshot_the_daemon_published_while_it_is_fresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a daemon running, status reads its GPU snapshot instead of probing (NVML) itself;
+    a stale one (a daemon stuck in failing ticks) is not shown: status probes again."""
+    from gpusched import cli, daemon
+    from gpusched.gpus import published
+    from gpusched.home import Home
+    from gpusched.model import GpuProcess, GpuState
+
+    monkeypatch.setenv("GPUSCHED_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("GPUSCHED_FAKE_GPUS", "1x24GiB")
+    home = Home.from_env().ensure()
+    monkeypatch.setattr(daemon, "info", lambda home: {"pid": 1, "probe": "nvml", "probe_spec": None})
+    card = GpuState(index=0, name="H100", total_mib=80 * GIB, processes=(GpuProcess(pid=7, used_mib=GIB),))
+    args = cli.build_parser().parse_args(["status"])
+    store = cli._store()
+    cli._probe.cache_clear()  # made once per process: not one made by an earlier test
+    published.publish(home, [card], notice=None, now=time.time())
+    assert published.read(home, now=time.time()) == ([card], None)
+    gpus = cli._status_doc(args, store)["gpus"]
+    assert [(g["name"], g["total_mib"], g["processes"][0]["pid"]) for g in gpus] == [("H100", 80 * GIB, 7)]
+    published.publish(home, [card], notice=None, now=time.time() - 60)
+    assert [g["name"] for g in cli._status_doc(args, store)["gpus"]] == ["Fake GPU"]
+    published.path(home).write_text("{not json")
+    assert published.read(home, now=time.time()) is None
