@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from gpusched import __version__
 from gpusched.errors import GpuschedError, UsageError, did_you_mean
-from gpusched.home import Home
 
 if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
     from collections.abc import Callable
 
     from gpusched.attempt import AttemptPaths
     from gpusched.gpus import Probe
+    from gpusched.home import Home
     from gpusched.model import GpuPlan, Suite
     from gpusched.store import JobRow, Store
 
@@ -165,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _home() -> Home:
+    from gpusched.home import Home  # a dataclass: not imported for --version or --help
+
     return Home.from_env().ensure()
 
 
