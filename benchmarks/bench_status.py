@@ -1,7 +1,8 @@
 """Status latency with a big store: ``gpusched status --json`` and plain ``gpusched status``,
-wall time of the whole command (interpreter start included), median of several runs.
+wall time of the whole command (interpreter start included), median of several runs (the
+commands taking turns).
 
-    python benchmarks/bench_status.py [--jobs 10000] [--runs 7]
+    python benchmarks/bench_status.py [--jobs 10000] [--runs 7] [--before DIR]
 
 The store is filled in-process (``Store.submit`` of one suite, then attempts through the
 store's own transitions): most jobs queued, some succeeded, some failed (with an attempt
@@ -73,28 +74,29 @@ def fill(sb: Sandbox, n: int, *, succeeded: int, failed: int, running: int) -> N
     store.close()
 
 
-def timed_runs(argv: list[str], env: dict[str, str], cwd: Path, runs: int) -> tuple[float, float, str]:
-    """Median wall time and median CPU time (user + system) of ``runs`` runs, and the output.
-    CPU time is what the command itself spent: on a shared machine wall time also counts the
-    waits for a core."""
-    walls, cpus, out = [], [], ""
-    for _ in range(runs):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        t0 = time.perf_counter()
-        r = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True)
-        walls.append(time.perf_counter() - t0)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
-        if r.returncode != 0:
-            raise RuntimeError(f"{argv} -> {r.returncode}: {r.stderr}")
-        out = r.stdout
-    return median(walls), median(cpus), out
+def timed_run(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float, str]:
+    """Wall time and CPU time (user + system) of one run, and its output. CPU time is what the
+    command itself spent: on a shared machine wall time also counts the waits for a core."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    r = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if r.returncode != 0:
+        raise RuntimeError(f"{argv} -> {r.returncode}: {r.stderr}")
+    return wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, r.stdout
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=10_000)
     ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument(
+        "--before",
+        metavar="DIR",
+        help="another checkout of gpusched (e.g. `git worktree add /tmp/before COMMIT`): its commands are"
+        " timed too, in the same rounds and on the same store",
+    )
     args = ap.parse_args(argv)
     with sandbox() as sb:
         t0 = time.perf_counter()
@@ -102,17 +104,31 @@ def main(argv: list[str] | None = None) -> int:
         fill_s = time.perf_counter() - t0
         env = sb.env(GPUSCHED_FAKE_GPUS="16x24GiB", COLUMNS="160")
         gs = [sys.executable, "-m", "gpusched"]
+        commands: dict[str, tuple[list[str], dict[str, str]]] = {
+            "python -c pass (floor)": ([sys.executable, "-c", "pass"], env),
+            "gpusched --version": ([*gs, "--version"], env),
+            "gpusched status --json": ([*gs, "status", "--json"], env),
+            "gpusched status": ([*gs, "status"], env),
+        }
+        if args.before:  # PYTHONPATH comes before the installed (or editable) gpusched
+            old = {**env, "PYTHONPATH": str(Path(args.before).resolve())}
+            for label in ("gpusched --version", "gpusched status --json", "gpusched status"):
+                commands[f"{label} (before)"] = (commands[label][0], old)
+        walls: dict[str, list[float]] = {label: [] for label in commands}
+        cpus: dict[str, list[float]] = {label: [] for label in commands}
+        outs: dict[str, str] = {}
+        for _ in range(args.runs):  # round robin: a burst of load elsewhere hits every command alike
+            for label, (cmd, cmd_env) in commands.items():
+                wall, cpu, outs[label] = timed_run(cmd, cmd_env, sb.project)
+                walls[label].append(wall)
+                cpus[label].append(cpu)
         rows = []
-        for label, cmd in (
-            ("python -c pass (floor)", [sys.executable, "-c", "pass"]),
-            ("gpusched --version", [*gs, "--version"]),
-            ("gpusched status --json", [*gs, "status", "--json"]),
-            ("gpusched status", [*gs, "status"]),
-        ):
-            wall, cpu, out = timed_runs(cmd, env, sb.project, args.runs)
+        for label, out in outs.items():
             lines = len(out.splitlines())
             size = f"{len(out) / 1024:.0f} KiB, {lines} line{'s' * (lines != 1)}" if out else ""
-            rows.append([label, f"{wall * 1000:.0f}", f"{cpu * 1000:.0f}", size])
+            rows.append(
+                [label, f"{median(walls[label]) * 1000:.0f}", f"{median(cpus[label]) * 1000:.0f}", size]
+            )
     print(
         f"Status with {args.jobs} jobs in the store (filled in {fill_s:.1f} s), median of {args.runs} runs "
         f"({machine()})\n"
