@@ -149,7 +149,7 @@ def reap() -> None:
     """Collect every spawned child that has ended (one non-blocking wait each)."""
     for pid, child in list(_children.items()):
         if child.poll() is not None:
-            _children.pop(pid, None)
+            del _children[pid]
 
 
 # ---------------------------------------------------------------------- process facts
@@ -212,7 +212,7 @@ def is_alive(pid: int | None, started: float | None) -> bool:
     if child is not None:
         if child.poll() is None:
             return True  # an unreaped child's pid cannot have been reused
-        _children.pop(int(pid), None)
+        del _children[int(pid)]
         return False
     now = started_at(int(pid))
     return now is not None and (started is None or abs(now - float(started)) <= SAME_START_S)

@@ -18,7 +18,7 @@ from pathlib import Path
 from gpusched import memory, memwatch, outcome, placement, predict
 from gpusched.attempt import AttemptPaths, materialize
 from gpusched.errors import GpuschedError
-from gpusched.executors import Executor, Handle, LaunchRequest
+from gpusched.executors import Executor, Handle, LaunchRequest, launch_many
 from gpusched.gpus import Probe
 from gpusched.model import (
     AttemptState,
@@ -53,6 +53,19 @@ class Settings:
     max_lost: int = 3
     wake_path: str | None = None  # FIFO the wrapper pokes when a job ends
     candidates: int = 256  # queued jobs considered per tick (keeps a tick cheap at 10k queued)
+
+
+@dataclass(frozen=True)
+class _Begun:
+    """An attempt recorded ``launching`` (phase 1), with what starting it needs."""
+
+    job: JobRow
+    placement: Placement
+    suite_row: SuiteRow
+    paths: AttemptPaths
+    attempt_id: int
+    gpu_uuid: str | None
+    request: LaunchRequest
 
 
 AssignFn = Callable[..., placement.Decision]  # (queued, views, *, headroom_frac) -> Decision
@@ -133,15 +146,16 @@ class Scheduler:
                 self.on_event(f"reconcile: {note}")
             live = self.store.live_attempts()
         still: list[AttemptRow] = []
-        for a in live:
-            if a.state is AttemptState.LAUNCHING:
-                still.append(a)  # its backend could not be asked: keep its slot, ask again next tick
-                continue
-            result = self._check(a, now)
-            if result is None:
-                still.append(a)
-            else:
-                report.reaped.append((a.job_id, result.value))
+        with self.store.tx():  # a tick's reaps in one commit (each one whole: a savepoint)
+            for a in live:
+                if a.state is AttemptState.LAUNCHING:
+                    still.append(a)  # its backend could not be asked: keep its slot, ask again next tick
+                    continue
+                result = self._check(a, now)
+                if result is None:
+                    still.append(a)
+                else:
+                    report.reaped.append((a.job_id, result.value))
         return still
 
     def _check(self, a: AttemptRow, now: float) -> Outcome | None:
@@ -292,11 +306,12 @@ class Scheduler:
                 placements.append(forced)
                 waits.pop(forced.job_id, None)
         by_id = {j.id: j for j in queued}
+        launches = []
         for p in placements:
             d = demand[p.job_id]
             reason = f"{d.note}; {p.reason}" if d.note and p.tier == d.view.tier else p.reason
-            pred = d.prediction(p.tier)
-            self._launch(by_id[p.job_id], replace(p, reason=reason), gpus, now, report, pred=pred)
+            launches.append((by_id[p.job_id], replace(p, reason=reason), d.prediction(p.tier)))
+        self._launch(launches, gpus, now, report)
         self._hold(demand, waited, waits, list(base.values()), room)
         self.store.set_waits(
             {j: why for j, why in waits.items() if by_id[j].wait_reason != why}
@@ -347,6 +362,7 @@ class Scheduler:
         submitted at once (``--max-queued``, default 100) so a 10k-job suite does not flood it."""
         in_flight = Counter(a.job_id.split("/", 1)[0] for a in live)
         waits: dict[str, str] = {}
+        launches: list[tuple[JobRow, Placement, predict.Prediction | None]] = []
         for job in queued:
             suite = self._suite(job.suite)
             assert suite is not None
@@ -357,7 +373,8 @@ class Scheduler:
             in_flight[job.suite] += 1
             tier = min(job.tier, len(suite.suite.tiers) - 1)
             p = Placement(job_id=job.id, gpu=None, tier=tier, reason="submitted to Slurm, which places it")
-            self._launch(job, p, [], now, report)
+            launches.append((job, p, None))
+        self._launch(launches, [], now, report)
         self.store.set_waits(waits)
 
     def _candidates(self, now: float) -> list[JobRow]:
@@ -408,13 +425,58 @@ class Scheduler:
 
     def _launch(
         self,
-        job: JobRow,
-        p: Placement,
+        items: Sequence[tuple[JobRow, Placement, predict.Prediction | None]],
         gpus: list[GpuState],
         now: float,
         report: TickReport,
-        pred: predict.Prediction | None = None,
     ) -> None:
+        """Start a tick's placements in three steps: record every attempt ``launching`` with
+        its token (one commit), write their attempt directories and start them (a backend
+        with ``launch_many`` starts its share at once), then record them ``running`` (one
+        commit). A crash between the steps leaves attempts ``launching``, which
+        :meth:`reconcile` settles by their tokens: nothing is ever started twice."""
+        with self.store.tx():
+            begun = [b for b in (self._begin(job, p, gpus, now, pred) for job, p, pred in items) if b]
+        started: list[tuple[_Begun, Handle | Exception]] = []
+        ready: dict[str, list[_Begun]] = {}
+        for b in begun:
+            try:
+                materialize(
+                    b.paths,
+                    suite=b.suite_row.suite,
+                    job=b.job.spec,
+                    tier_index=b.placement.tier,
+                    attempt_n=b.job.attempts + 1,
+                    gpu=b.placement.gpu,
+                    gpu_uuid=b.gpu_uuid,
+                    backend=b.suite_row.backend,
+                    env_file=b.suite_row.env_path,
+                )
+            except Exception as e:  # a launch that fails must not wedge the job in "running"
+                started.append((b, e))
+            else:
+                ready.setdefault(b.suite_row.backend, []).append(b)
+        for backend, group in ready.items():
+            handles = launch_many(self.executors[backend], [b.request for b in group])
+            started += zip(group, handles, strict=True)
+        with self.store.tx():
+            for b, handle in started:
+                if isinstance(handle, Exception):
+                    log.error("launch of %s failed", b.job.id, exc_info=handle)
+                    self._launch_failed(b.attempt_id, b.job, handle, now)
+                    continue
+                self.store.mark_running(b.attempt_id, handle, now=now)
+                tier = b.suite_row.suite.tiers[b.placement.tier]
+                report.launched.append((b.job.id, b.placement.gpu, tier.name))
+                where = f"GPU {b.placement.gpu}" if b.placement.gpu is not None else "no GPU"
+                n, why = b.job.attempts + 1, b.placement.reason
+                self.on_event(f"{b.job.id}: attempt {n} tier {tier.name} on {where} ({why})")
+
+    def _begin(
+        self, job: JobRow, p: Placement, gpus: list[GpuState], now: float, pred: predict.Prediction | None
+    ) -> _Begun | None:
+        """Phase 1 of a launch: the attempt recorded ``launching``; None when the job was
+        cancelled (or moved) by a client since this tick read the queue."""
         suite_row = self._suite(job.suite)
         assert suite_row is not None
         suite: Suite = suite_row.suite
@@ -438,31 +500,11 @@ class Scheduler:
         )
         try:
             attempt_id = self.store.begin_attempt(new, now=now)
-        except GpuschedError as e:  # cancelled (or moved) by a client since this tick read the queue
+        except GpuschedError as e:
             log.info("not launching %s: %s", job.id, e)
-            return
-        try:
-            materialize(
-                paths,
-                suite=suite,
-                job=job.spec,
-                tier_index=p.tier,
-                attempt_n=job.attempts + 1,
-                gpu=p.gpu,
-                gpu_uuid=gpu.uuid if gpu else None,
-                backend=suite_row.backend,
-                env_file=suite_row.env_path,
-            )
-            ex = self.executors[suite_row.backend]
-            handle = ex.launch(self._request(job, suite, paths, token))
-        except Exception as e:  # a launch that fails must not wedge the job in "running"
-            log.exception("launch of %s failed", job.id)
-            self._launch_failed(attempt_id, job, e, now)
-            return
-        self.store.mark_running(attempt_id, handle, now=now)
-        report.launched.append((job.id, p.gpu, tier.name))
-        where = f"GPU {p.gpu}" if p.gpu is not None else "no GPU"
-        self.on_event(f"{job.id}: attempt {job.attempts + 1} tier {tier.name} on {where} ({p.reason})")
+            return None
+        req = self._request(job, suite, paths, token)
+        return _Begun(job, p, suite_row, paths, attempt_id, new.gpu_uuid, req)
 
     def _request(self, job: JobRow, suite: Suite, paths: AttemptPaths, token: str) -> LaunchRequest:
         env = {"GPUSCHED_JOB_ID": job.id}

@@ -319,7 +319,21 @@ class Store:
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
         """One short write transaction (BEGIN IMMEDIATE: writers queue up instead of
-        failing half-way with 'database is locked')."""
+        failing half-way with 'database is locked'). Inside another one it is a savepoint:
+        what it changed is undone when it raises, and the outer transaction goes on. So the
+        daemon commits a tick's launches (or reaps) together, one commit instead of one per
+        job, while each job's change still happens whole or not at all."""
+        if self.db.in_transaction:
+            self.db.execute("SAVEPOINT job")
+            try:
+                yield self.db
+            except BaseException:
+                self.db.execute("ROLLBACK TO job")
+                self.db.execute("RELEASE job")
+                raise
+            else:
+                self.db.execute("RELEASE job")
+            return
         self.db.execute("BEGIN IMMEDIATE")
         try:
             yield self.db

@@ -5,6 +5,7 @@ never read from the executor: the wrapper writes it to ``exit.json`` in the atte
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -51,3 +52,28 @@ class Executor(Protocol):
     def release(self, handle: Handle) -> None:
         """Forget a reaped attempt (e.g. close an old pane when its job is relaunched)."""
         ...
+
+    # Optional: ``launch_many(reqs) -> list[Handle | Exception]``, one result per request in
+    # order, for a backend that starts several attempts at once more cheaply than one by one
+    # (one tmux call for a tick's windows). See :func:`launch_many`.
+
+
+def launch_many(ex: Executor, reqs: Sequence[LaunchRequest]) -> list[Handle | Exception]:
+    """Start ``reqs`` on ``ex``: its own ``launch_many`` when it has one, else one
+    :meth:`Executor.launch` after another. A request that fails gives its exception in its
+    place and does not stop the others."""
+    many = getattr(ex, "launch_many", None)
+    if many is not None:
+        return list(many(reqs))
+    return launch_each(ex, reqs)
+
+
+def launch_each(ex: Executor, reqs: Sequence[LaunchRequest]) -> list[Handle | Exception]:
+    """:meth:`Executor.launch` each request in turn, a failure given in its place."""
+    out: list[Handle | Exception] = []
+    for req in reqs:
+        try:
+            out.append(ex.launch(req))
+        except Exception as e:
+            out.append(e)
+    return out

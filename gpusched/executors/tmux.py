@@ -21,6 +21,7 @@ import os
 import shutil
 import signal
 import stat
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -250,7 +251,7 @@ class TmuxExecutor:
         for gone in [replaces, *closes]:
             self._forget(gone)
         self._windows[(sess, req.job_name)] = window
-        started = proc.started_at(pid, zombies=True)
+        started = time.time()  # within ms of the pane's start (the /proc entry may already be gone)
         self._launched[window] = ((sess, req.job_name), pid, started)
         if new_session:
             self._make_socket_private()

@@ -353,14 +353,17 @@ def test_an_attempt_dir_that_cannot_be_made_takes_the_launch_failed_path(make_wo
 def test_a_cancel_that_races_the_launch_is_not_an_error(
     make_world: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Another shell's `gpusched cancel` lands after the tick read the queue, before it
+    recorded the launch: the job is cancelled, never started."""
     w = make_world()
-    real = w.store.begin_attempt
+    real = w.sched._candidates
 
-    def cancel_first(a: Any, *, now: float) -> int:
-        Store(w.home.db).request_cancel([a.job_id])  # another shell's `gpusched cancel`, just before
-        return real(a, now=now)
+    def read_then_cancel(now: float) -> Any:
+        queued = real(now)
+        Store(w.home.db).request_cancel([j.id for j in queued])
+        return queued
 
-    monkeypatch.setattr(w.store, "begin_attempt", cancel_first)
+    monkeypatch.setattr(w.sched, "_candidates", read_then_cancel)
     rep = w.tick()
     assert rep.launched == [] and w.job().state is JobState.CANCELLED
     assert w.store.attempts("c/j0") == [] and w.launches_by_job() == {}

@@ -113,6 +113,22 @@ def test_two_phase_launch_records_the_attempt_before_the_process_exists(store: S
     assert [x.id for x in store.live_attempts()] == [aid]
 
 
+def test_a_batch_commits_together_and_a_failing_job_inside_it_is_undone_alone(store: Store) -> None:
+    """The daemon records a tick's launches in one transaction; a job that cannot be
+    launched (cancelled meanwhile) takes back only its own change."""
+    submit(store)
+    store.request_cancel(["E1/j1"])
+    with store.tx():
+        a0 = start(store, "E1/j0", token="t0")
+        with pytest.raises(IllegalTransition):
+            start(store, "E1/j1", token="t1")  # cancelled: refused, and nothing of it is kept
+        a2 = start(store, "E1/j2", token="t2")
+        assert Store(store.path, readonly=True).job("E1/j0").state is JobState.QUEUED  # not yet committed
+    states = {j.name: j.state for j in store.jobs()}
+    assert states == {"j0": JobState.RUNNING, "j1": JobState.CANCELLED, "j2": JobState.RUNNING}
+    assert [a.id for a in store.live_attempts()] == [a0, a2]
+
+
 def test_oom_requeue_moves_the_job_back_to_queued_at_the_next_tier(store: Store) -> None:
     submit(store)
     aid = start(store, "E1/j0")
