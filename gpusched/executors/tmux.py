@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from gpusched import proc
 from gpusched.errors import CommandFailed, ExecutorError
-from gpusched.executors import WRAPPER, Handle, LaunchRequest
+from gpusched.executors import WRAPPER, Handle, LaunchRequest, launch_each
 from gpusched.home import Home
 
 if TYPE_CHECKING:
@@ -56,6 +56,8 @@ TIMEOUT_S = 30.0
 #: tmux call slower (new-window: 5.6 ms with 0 windows, 8.3 ms with 1000) and keeps their
 #: scrollback in memory; an ended job's output stays in its output.log.
 KEEP_WINDOWS = 200
+#: Windows opened by one tmux exec at most (see :meth:`TmuxExecutor.launch_many`).
+BATCH = 32
 
 _SEP = "\t"
 _IDS = _SEP.join(["#{pane_id}", "#{window_id}", "#{session_id}", "#{pane_pid}"])
@@ -187,6 +189,11 @@ def parse_ids(stdout: str) -> tuple[str, str, str, int] | None:
     return None
 
 
+def all_ids(stdout: str) -> list[tuple[str, str, str, int]]:
+    """Every (pane, window, session, pid) line of a chained launch, in order."""
+    return [ids for line in stdout.splitlines() if (ids := parse_ids(line)) is not None]
+
+
 def _no_server(stderr: str) -> bool:
     return "no server running" in stderr or "error connecting to" in stderr
 
@@ -246,27 +253,86 @@ class TmuxExecutor:
             raise CommandFailed(r.args, r.returncode, r.stderr)
         if r.returncode != 0:  # created, but a later command failed (e.g. the old window was gone)
             log.log(logging.DEBUG if replaces else logging.WARNING, "tmux after launch: %s", r.stderr.strip())
-        pane, window, session, pid = ids
-        self._sessions.add(sess)
         for gone in [replaces, *closes]:
             self._forget(gone)
+        if new_session:
+            self._make_socket_private()
+        return self._opened(req, ids)
+
+    def launch_many(self, reqs: Sequence[LaunchRequest]) -> list[Handle | Exception]:
+        """Start a tick's windows with one tmux exec (per :data:`BATCH`), where :meth:`launch`
+        takes one each: every request's new-window and tags chained in order, then the
+        closing of its job's previous window and of ended ones beyond :data:`KEEP_WINDOWS`.
+        tmux stops a chain at the first command that fails, so the requests it did not get
+        to (the server or a session went away meanwhile) are launched one by one."""
+        if len(reqs) < 2:
+            return launch_each(self, reqs)
+        out: list[Handle | Exception] = []
+        for i in range(0, len(reqs), BATCH):
+            try:
+                out += self._launch_batch(reqs[i : i + BATCH])
+            except Exception as e:  # tmux itself could not be run
+                out += [e] * len(reqs[i : i + BATCH])
+        return out
+
+    def _launch_batch(self, reqs: Sequence[LaunchRequest]) -> list[Handle | Exception]:
+        self._prepare()
+        if not self._known:
+            self._refresh()
+        sessions = set(self._sessions)
+        argv: list[str] = []
+        replaced: list[str] = []
+        for req in reqs:
+            sess = session_name(req.suite)
+            argv += [";"] if argv else []
+            argv += launch_argv(req, new_session=sess not in sessions)
+            sessions.add(sess)
+            if (old := self._windows.get((sess, req.job_name))) is not None:
+                replaced.append(old)
+        closes = self._ended_beyond_keep(exclude=None, adding=len(reqs), keep=set(replaced))
+        gone = replaced + closes
+        if gone:
+            argv += [";", *chain(*(["kill-window", "-t", w] for w in gone))]
+        r = self._tmux(argv, check=False)
+        opened = all_ids(r.stdout)
+        if r.returncode != 0 and len(opened) == len(reqs):
+            log.debug("tmux after launch: %s", r.stderr.strip())  # a window to close was gone
+        for w in gone:
+            self._forget(w)
+        if any(session_name(req.suite) not in self._sessions for req in reqs[: len(opened)]):
+            self._make_socket_private()
+        out: list[Handle | Exception] = [
+            self._opened(req, ids) for req, ids in zip(reqs[: len(opened)], opened, strict=True)
+        ]
+        if len(opened) < len(reqs):
+            self._refresh()  # what we knew was stale
+            out += launch_each(self, reqs[len(opened) :])
+        return out
+
+    def _opened(self, req: LaunchRequest, ids: tuple[str, str, str, int]) -> Handle:
+        """Remember the window tmux opened for ``req``; its handle."""
+        pane, window, session, pid = ids
+        sess = session_name(req.suite)
+        self._sessions.add(sess)
         self._windows[(sess, req.job_name)] = window
         started = time.time()  # within ms of the pane's start (the /proc entry may already be gone)
         self._launched[window] = ((sess, req.job_name), pid, started)
-        if new_session:
-            self._make_socket_private()
         return {"pane": pane, "window": window, "session": session, "pid": pid, "pid_started_at": started}
 
-    def _ended_beyond_keep(self, exclude: str | None) -> list[str]:
+    def _ended_beyond_keep(
+        self, exclude: str | None, *, adding: int = 1, keep: frozenset[str] | set[str] = frozenset()
+    ) -> list[str]:
         """Our oldest windows whose attempt has ended, as many as exceed KEEP_WINDOWS with the
-        one about to open (usually one, found at the front: the oldest windows are the ended
-        ones). No tmux call: a /proc read per window looked at."""
-        excess = len(self._launched) + 1 - KEEP_WINDOWS - (exclude in self._launched)
+        ``adding`` about to open (found at the front: the oldest windows are the ended ones),
+        ``exclude`` and ``keep`` aside (closed anyway, as their jobs' previous windows). No
+        tmux call: a /proc read per window looked at."""
+        skip = {exclude, *keep}
+        excess = len(self._launched) + adding - KEEP_WINDOWS - len(skip & self._launched.keys())
         out: list[str] = []
         for window, (_, pid, started) in self._launched.items():
             if len(out) >= excess:
                 break
-            if window != exclude and not proc.group_alive(pid, started):
+            if window not in skip and not proc.group_alive(pid, started):
                 out.append(window)
         return out
 

@@ -381,6 +381,56 @@ def test_launch_is_one_tmux_exec(tmux_bench: Bench, monkeypatch: pytest.MonkeyPa
     assert len(calls) == 4, calls
 
 
+def test_a_ticks_launches_are_one_tmux_exec(tmux_bench: Bench, monkeypatch: pytest.MonkeyPatch) -> None:
+    """launch_many: new sessions, new windows and a relaunch's replaced window, in one call."""
+    b = tmux_bench
+    _, old, _ = b.launch(EXIT3, job_name="a", token="t-old")
+    exited(old)
+    calls: list[list[str]] = []
+    real = proc.run
+
+    def counting(cmd: list[str], **kw: Any) -> Any:
+        calls.append(list(cmd))
+        return real(cmd, **kw)
+
+    monkeypatch.setattr(proc, "run", counting)
+    made = [
+        b.request(EXIT3, job_name="a", token="t-a"),  # relaunch of a
+        b.request(EXIT3, job_name="b", token="t-b"),
+        b.request(EXIT3, suite="s2", job_name="a", token="t-s2a"),  # a new session
+        b.request(EXIT3, suite="s2", job_name="b", token="t-s2b"),  # ... filled in the same call
+    ]
+    handles = b.tx.launch_many([req for req, _ in made])
+    assert len(calls) == 1, calls
+    assert all(isinstance(h, dict) for h in handles)
+    b.handles += handles  # type: ignore[arg-type]
+    assert [exited(paths)["exit_code"] for _, paths in made] == [3, 3, 3, 3]
+    assert len({h["pane"] for h in handles}) == 4  # type: ignore[index]
+    found = b.ex.discover()
+    assert {"t-a", "t-b", "t-s2a", "t-s2b"} <= found.keys() and "t-old" not in found
+
+
+def test_launch_many_goes_on_one_by_one_where_the_chain_broke(tmux_bench: Bench) -> None:
+    """A session closed behind the executor's back stops tmux's chain at its new-window;
+    what was not opened is launched one by one, and every job runs once."""
+    b = tmux_bench
+    b.launch(EXIT3, suite="keep")  # keeps the server up
+    _, p1, _ = b.launch(EXIT3)
+    exited(p1)
+    b.tmux("kill-session", "-t", "=s1")  # the executor still believes s1 exists
+    made = [
+        b.request(EXIT3, suite="keep", token="k1"),
+        b.request(EXIT3, token="x1"),
+        b.request(EXIT3, token="x2"),
+    ]
+    handles = b.tx.launch_many([req for req, _ in made])
+    assert all(isinstance(h, dict) for h in handles), handles
+    b.handles += handles  # type: ignore[arg-type]
+    assert [exited(paths)["exit_code"] for _, paths in made] == [3, 3, 3]
+    assert {"k1", "x1", "x2"} <= b.ex.discover().keys()
+    assert [len(paths.output.read_text().split("hi")) - 1 for _, paths in made] == [1, 1, 1]  # once each
+
+
 def test_launch_survives_a_session_killed_behind_its_back(tmux_bench: Bench) -> None:
     b = tmux_bench
     _, p1, _ = b.launch(EXIT3)
