@@ -1,5 +1,5 @@
-"""Slot refill latency: from a job's end (its wrapper's ``ended_at`` in exit.json) to the start
-of the next job on the same slot (the next wrapper's ``started_at``), p50 / p99 / max.
+"""Slot refill latency: from a job's end (when its wrapper wrote exit.json) to the start of the
+next job on the same slot (when the next wrapper wrote its pid file), p50 / p99 / max.
 
     python benchmarks/bench_refill.py [--jobs 500] [--slots 16] [--sleep 0.5-1.4] [--backend subprocess,tmux]
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import shutil
 import sqlite3
 import sys
@@ -23,6 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import Sandbox, machine, percentile, sandbox, table
+
+from gpusched.attempt import AttemptPaths
 
 
 def sleeps(spec: str) -> list[float]:
@@ -38,8 +39,9 @@ def gaps(sb: Sandbox) -> list[float]:
     db.close()
     by_gpu: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for gpu, d in rows:
-        rec = json.loads((Path(d) / "exit.json").read_text())
-        by_gpu[gpu].append((float(rec["started_at"]), float(rec["ended_at"])))
+        rec = AttemptPaths(Path(d)).read_exit()  # times: the files' mtimes (the kernel's clock)
+        assert rec is not None and rec.started_at is not None and rec.ended_at is not None, d
+        by_gpu[gpu].append((rec.started_at, rec.ended_at))
     out = []
     for spans in by_gpu.values():
         spans.sort()
