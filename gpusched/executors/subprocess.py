@@ -28,13 +28,14 @@ class SubprocessExecutor:
 
     def __init__(self, home: Home) -> None:
         self.home = home
+        self._environ = dict(os.environ)  # read once: os.environ decodes every variable per access
 
     def launch(self, req: LaunchRequest) -> Handle:
         """Start the wrapper; return once it has been exec'd. Its environment is this process's,
         plus ``GPUSCHED_JOB_ID`` (unless ``req.env`` sets it), ``req.env``, and last
         ``GPUSCHED_TOKEN`` and ``GPUSCHED_HOME`` (which :meth:`discover` relies on)."""
         env = {
-            **os.environ,
+            **self._environ,
             "GPUSCHED_JOB_ID": req.job_id,
             **req.env,
             "GPUSCHED_TOKEN": req.token,
