@@ -171,10 +171,14 @@ def _home() -> Home:
 
 
 def _store(*, readonly: bool = False) -> Store:
+    """The state database; ``readonly`` (commands that only look) opens it without taking the
+    write lock, so that they never wait behind the daemon's transactions."""
     from gpusched.store import Store
 
     home = _home()
-    return Store(home.db)
+    if readonly and home.db.exists():
+        return Store(home.db, readonly=True)
+    return Store(home.db)  # created (or migrated) here
 
 
 def _probe_spec(fake: str | None) -> str | None:
@@ -365,7 +369,7 @@ def _daemon_probe_spec(info: dict[str, Any] | None) -> str | None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    store = _store()
+    store = _store(readonly=True)
     if args.json:
         print(json.dumps(_status_doc(args, store), default=str))
         return 0

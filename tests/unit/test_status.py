@@ -171,3 +171,23 @@ def test_status_shows_the_snapshot_the_daemon_published_while_it_is_fresh(
     assert [g["name"] for g in cli._status_doc(args, store)["gpus"]] == ["Fake GPU"]
     published.path(home).write_text("{not json")
     assert published.read(home, now=time.time()) is None
+
+
+def test_status_answers_while_the_daemon_holds_the_write_lock(tmp_path: Path) -> None:
+    """status only reads: it must not queue behind a write transaction (a busy daemon's)."""
+    from gpusched.store import Store
+
+    home = tmp_path / "home"
+    writer = Store(home / "gpusched.db")
+    writer.db.execute("BEGIN IMMEDIATE")
+    try:
+        env = {k: v for k, v in os.environ.items() if k != "GPUSCHED_FAKE_GPUS"}
+        env.update(GPUSCHED_HOME=str(home), GPUSCHED_FAKE_GPUS="1x24GiB")
+        for argv in (["status"], ["status", "--json"]):
+            r = subprocess.run(
+                [sys.executable, "-m", "gpusched", *argv], env=env, capture_output=True, text=True, timeout=20
+            )
+            assert r.returncode == 0, r.stderr
+    finally:
+        writer.db.execute("ROLLBACK")
+        writer.close()
