@@ -10,7 +10,8 @@
 #     stderr appended to ATTEMPT_DIR/output.log, and also shown on this terminal in "tee" mode;
 #   - writes ATTEMPT_DIR/exit.json when the job ends, also when the job was stopped with
 #     SIGTERM/SIGINT/SIGHUP; the file's mtime is the attempt's end time;
-#   - then pokes the daemon's wake FIFO ($GPUSCHED_WAKE) so a freed slot is refilled at once.
+#   - then pokes the daemon's wake FIFO ($GPUSCHED_WAKE) so a freed slot is refilled at once,
+#     and exits with the job's status.
 # It is POSIX sh on purpose, and starts no program of its own in "file" mode (only tee in
 # "tee" mode): every step is a shell builtin, because on a busy machine each exec costs about
 # a millisecond, and that is what dispatching a thousand short jobs is made of. So the clock
@@ -51,4 +52,5 @@ fi
 if [ "$mode" = tee ]; then
     printf '\n[gpusched] %s exited: code=%s signal=%s\n' "${GPUSCHED_JOB_ID:-job}" "$code" "$sig"
 fi
-exit 0
+# the job's own status, so that what ran the wrapper (Slurm's sacct, a dead tmux pane) tells the truth
+if [ -n "$rc" ]; then exit "$rc"; elif [ -n "$caught" ]; then exit $((128 + caught)); else exit 1; fi

@@ -84,8 +84,8 @@ def test_exit_codes_gres_and_output(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
     # the wrapper exits right after writing exit.json: Slurm sees the end soon
     retry_until(lambda: not any(ex.alive(h) for h in handles.values()), timeout=30, interval=0.25)
-    # the wrapper exits 0 whatever the job did: Slurm reports the wrapper, exit.json the job
-    want = {"ok": ("COMPLETED", 0), "three": ("COMPLETED", 0), "oom": ("COMPLETED", 0)}
+    # the wrapper exits with the job's status, so Slurm (sacct) reports what the job did
+    want = {"ok": ("COMPLETED", 0), "three": ("FAILED", 3), "oom": ("FAILED", 1)}
     got = {k: ex.info(h) for k, h in handles.items()}
     assert {k: (i.state, i.exit_code) if i else None for k, i in got.items()} == want
     assert all(i is not None and i.node for i in got.values())
@@ -198,5 +198,5 @@ def test_really_purged_job(tmp_path: Path) -> None:
     ex2 = sl.SlurmExecutor(None)  # a restarted daemon: nothing cached
     assert ex2.alive(h) is False and ex2.last_error is None
     info = ex2.info(h)
-    assert info is not None and (info.state, info.source) == ("COMPLETED", "jobcomp")
+    assert info is not None and (info.state, info.exit_code, info.source) == ("FAILED", 4, "jobcomp")
     assert AttemptPaths(req.attempt_dir).read_exit().exit_code == 4  # type: ignore[union-attr]
