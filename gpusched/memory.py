@@ -15,9 +15,11 @@ process trees of its attempts, host RAM) and acts on the answers.
 * :func:`rooms` and :func:`start_tier` -- what each card could hold with none of our jobs on
   it (minus headroom and other people's processes), and the first tier of the ladder whose
   predicted peak fits that ("start safer").
-* :func:`pack_down` -- a job that memory has kept waiting a while, and whose next tier fits a
-  card now, starts there (a few per cent slower, but now and next to another job, instead of
-  waiting for a whole card; the baselines get there only by crashing first).
+* pack down (:func:`gpusched.memwatch.pack`, placed by :func:`gpusched.placement.assign`) --
+  a job that memory keeps off every card starts one tier down where that fits a card now and no
+  job could take the room at its own tier; one that later jobs have kept overtaking for a while
+  takes the first slower tier that fits, at its turn (a few per cent slower, but now and next to
+  another job, instead of waiting for a whole card; the baselines get there only by crashing).
 * :func:`choose_holds` -- a card kept free of new jobs so that a job waiting for memory gets
   it when the card's jobs end, instead of being starved by smaller jobs that keep refilling it.
 * :func:`unstick` -- never deadlock: when nothing of ours runs and nothing fits, the first job
@@ -36,7 +38,7 @@ from dataclasses import dataclass, replace
 
 from gpusched import placement
 from gpusched.model import MIB_PER_GIB, GpuState, Outcome, Placement
-from gpusched.placement import GpuSlotView, QueuedJob, Veto, gib
+from gpusched.placement import GpuSlotView, QueuedJob, gib
 from gpusched.predict import PeakSample, Prediction
 
 #: Measured usage rising by more than this counts as still ramping up.
@@ -247,6 +249,9 @@ def start_tier(
        given and the job's learned peak at ``tier`` exceeds it, the first later tier, not an
        exclusive one, whose *learned* peak fits the share: a job over its share blocks its
        card-mates for its whole run, a few per cent slower one tier down it blocks nobody;
+       likewise, on such a plan, a job whose prediction at ``tier`` would take a whole card
+       (after an OOM there) starts at the first later tier, not an exclusive one, that leaves
+       room beside it;
     2. else the first tier whose predicted peak fits ``room_mib`` (the roomiest of its cards
        when empty; ``None``: unknown, no change). A tier with an unknown prediction fits;
     3. when no tier fits, the last one, with its prediction clamped to ``room_mib`` so that it
@@ -260,6 +265,15 @@ def start_tier(
                 note = (
                     f"tier {names[t]} instead of {names[tier]}: ~{gib(here)} at {names[tier]} is more than a"
                     f" slot's share of a card ({gib(share_mib)}); ~{gib(p)} at {names[t]} is not"
+                )
+                return Start(tier=t, predicted_mib=p, note=note)
+    if share_mib is not None and room_mib is not None and here is not None and here >= room_mib:
+        for t in range(tier + 1, len(predicted)):
+            p = predicted[t]
+            if not _at(exclusive, t) and p is not None and p < room_mib:
+                note = (
+                    f"tier {names[t]} instead of {names[tier]}: ~{gib(here)} at {names[tier]} would take a"
+                    f" whole card ({gib(room_mib)}); ~{gib(p)} at {names[t]} leaves room beside it"
                 )
                 return Start(tier=t, predicted_mib=p, note=note)
     if room_mib is None or here is None or here <= room_mib:
@@ -285,37 +299,11 @@ def _at(flags: Sequence[bool], i: int) -> bool:
     return i < len(flags) and flags[i]
 
 
-# --------------------------------------------------------------------------- pack down
-
-
-def pack_down(
-    job: QueuedJob, predicted: Sequence[int | None], views: Sequence[GpuSlotView], *, headroom_frac: float
-) -> QueuedJob | None:
-    """``job`` one tier further down the ladder, when memory keeps it off every card now and
-    the next tier (not an exclusive one: that would wait for an empty card anyway) fits a
-    card now; else ``None``."""
-    t = job.tier + 1
-    if t >= len(job.tiers) or t >= len(predicted) or job.tiers[t].exclusive:
-        return None
-    if not memory_bound(job, views, headroom_frac):
-        return None
-    lower = replace(job, tier=t, predicted_mib=predicted[t])
-    if any(placement.veto(lower, g, headroom_frac) is None for g in views):
-        return lower
-    return None
-
-
 # --------------------------------------------------------------------------- holds
 
 
-MEMORY_VETOES = frozenset({Veto.NEEDS_EMPTY, Veto.MIN_FREE, Veto.MEMORY})  # not HELD: that one is ours
-
-
-def memory_bound(job: QueuedJob, views: Sequence[GpuSlotView], headroom_frac: float) -> bool:
-    """True when memory (not slots or the plan) keeps ``job`` off every card it may use."""
-    vetoes = [placement.veto(job, g, headroom_frac) for g in views]
-    planned = [v for v in vetoes if v is not Veto.NOT_IN_PLAN]
-    return bool(planned) and None not in planned and any(v in MEMORY_VETOES for v in planned)
+MEMORY_VETOES = placement.MEMORY_VETOES
+memory_bound = placement.memory_bound
 
 
 def choose_holds(
@@ -346,8 +334,8 @@ def choose_holds(
         if job.job_id in holds.values() or waited_s < hold_after_s:
             continue
         free = [g for g in views if g.index not in holds]
-        if not memory_bound(job, free, headroom_frac):
-            continue
+        if not memory_bound(job, [replace(g, running=0) for g in free], headroom_frac):
+            continue  # a card has the memory for it now: it waits for a slot, not for memory
         target = _hold_target(job, free, room_mib)
         if target is not None:
             holds[target] = job.job_id

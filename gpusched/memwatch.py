@@ -18,7 +18,7 @@ import logging
 import os
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpusched import memory, placement, predict
@@ -107,6 +107,7 @@ class Demand:
     view: placement.QueuedJob  # at its start tier, with the predicted peak placed with
     predictions: tuple[predict.Prediction, ...]  # one per tier of its ladder
     note: str | None = None  # why it starts at another tier than its own
+    duration: predict.Duration = predict.UNKNOWN_DURATION  # its run time at its start tier
 
     def prediction(self, tier: int | None = None) -> predict.Prediction:
         """The prediction at ``tier`` (default: its start tier, as placed)."""
@@ -130,18 +131,67 @@ def default_mib(suite: SuiteRow, gpus: Sequence[GpuState], headroom_frac: float)
 
 def history(store: Store, tasks: Sequence[str]) -> dict[str, list[predict.PeakSample]]:
     """Peak samples of ended attempts, by task (one query for all of them)."""
-    out: dict[str, list[predict.PeakSample]] = defaultdict(list)
-    for r in store.peak_history(tasks):
-        out[r["task"]].append(
-            predict.PeakSample(
-                job_id=r["job_id"],
-                task=r["task"],
-                tier=r["tier"],
-                peak_mib=r["peak_mib"],
-                outcome=r["outcome"],
-            )
+    return records(store, tasks)[0]
+
+
+def records(
+    store: Store, tasks: Sequence[str]
+) -> tuple[dict[str, list[predict.PeakSample]], dict[str, list[predict.RunSample]]]:
+    """Peak samples of ended attempts and the run times of the successful ones, by task: the
+    rows ``Store.peak_history`` reads (attempts with a peak or an OOM, through the index kept
+    for them), with their start and end, in one query."""
+    peaks: dict[str, list[predict.PeakSample]] = defaultdict(list)
+    runs: dict[str, list[predict.RunSample]] = defaultdict(list)
+    ts = sorted(set(tasks))
+    for i in range(0, len(ts), 500):
+        chunk = ts[i : i + 500]
+        rows = store.db.execute(
+            "SELECT a.job_id, j.task, a.tier, a.peak_mib, a.outcome, a.predicted_mib, a.started_at,"
+            " a.ended_at FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE +a.state = 'exited'"
+            f" AND j.task IN ({','.join('?' * len(chunk))})"
+            " AND (a.peak_mib IS NOT NULL OR a.outcome = 'oom')",
+            chunk,
         )
-    return out
+        for job_id, task, tier, peak, result, placed_with, started, ended in rows:
+            peaks[task].append(
+                predict.PeakSample(
+                    job_id=job_id,
+                    task=task,
+                    tier=tier,
+                    peak_mib=peak,
+                    outcome=result,
+                    predicted_mib=placed_with,
+                )
+            )
+            if result == Outcome.OK and started is not None and ended is not None and ended > started:
+                runs[task].append(
+                    predict.RunSample(job_id=job_id, task=task, tier=tier, seconds=ended - started)
+                )
+    return peaks, runs
+
+
+@dataclass(frozen=True)
+class Running:
+    """What the attempts running now tell of their tasks."""
+
+    longest_s: dict[str, float]  # task -> how long its longest-running attempt has run so far
+    peak_mib: dict[tuple[str, int], int]  # (task, tier) -> the most one of them holds so far
+
+
+def running_for(store: Store, now: float) -> Running:
+    """:class:`Running` from one query over the live attempts (through their state's index)."""
+    longest: dict[str, float] = {}
+    peaks: dict[tuple[str, int], int] = {}
+    rows = store.db.execute(
+        "SELECT j.task, a.tier, COALESCE(a.started_at, a.launched_at), a.peak_mib FROM attempts a"
+        " JOIN jobs j ON j.id = a.job_id WHERE a.state IN ('launching', 'running')"
+    )
+    for task, tier, since, peak in rows:
+        if since is not None:
+            longest[task] = max(longest.get(task, 0.0), now - since)
+        if peak:
+            peaks[(task, tier)] = max(peaks.get((task, tier), 0), peak)
+    return Running(longest, peaks)
 
 
 def demands(
@@ -154,13 +204,16 @@ def demands(
     headroom_frac: float,
     start_safer: bool = True,
     fit_share: bool = True,
+    now: float | None = None,
 ) -> dict[str, Demand]:
     """job id -> :class:`Demand` for every job whose suite is known. Jobs of one task without
-    history of their own share one prediction (a 10k-job queue costs one per task)."""
+    history of their own share one prediction (a 10k-job queue costs one per task). ``now``:
+    also let running attempts bound the run time of tasks none of whose jobs has finished."""
     rows = {s: suite_of(s) for s in {j.suite for j in jobs}}
     suites = {name: row for name, row in rows.items() if row is not None and row.suite.tiers}
     tasks = {name: suite_tasks(store, row) for name, row in suites.items()}
-    samples = history(store, sorted(set().union(*tasks.values(), {j.task for j in jobs})))
+    samples, runs = records(store, sorted(set().union(*tasks.values(), {j.task for j in jobs})))
+    running = running_for(store, now) if now is not None else Running({}, {})
     ratios = {
         name: memory.ladder_ratios([s for t in tasks[name] for s in samples.get(t, [])], len(row.suite.tiers))
         for name, row in suites.items()
@@ -168,6 +221,7 @@ def demands(
     mine = {task: {s.job_id for s in ss} for task, ss in samples.items()}
     cards = {name: _Cards.of(row, room_mib) for name, row in suites.items()}
     memo: dict[tuple[str, str, str], tuple[predict.Prediction, ...]] = {}
+    times: dict[tuple[str, str, str, int], predict.Duration] = {}
     starts: dict[tuple[str, str, str, int], memory.Start] = {}
     out: dict[str, Demand] = {}
     for job in jobs:
@@ -177,12 +231,29 @@ def demands(
         key = (job.suite, job.task, job.id if job.id in mine.get(job.task, ()) else "")
         if key not in memo:
             memo[key] = _predictions(
-                job, suite, gpus, room_mib, samples.get(job.task, []), ratios[job.suite], headroom_frac
+                job,
+                suite,
+                gpus,
+                room_mib,
+                samples.get(job.task, []),
+                ratios[job.suite],
+                headroom_frac,
+                running.peak_mib,
             )
         own = min(job.tier, len(suite.suite.tiers) - 1)
         if (*key, own) not in starts:  # the same predictions from the same tier start alike
             starts[(*key, own)] = _start(suite, cards[job.suite], memo[key], own, start_safer, fit_share)
-        out[job.id] = _demand(job, suite, cards[job.suite], memo[key], starts[(*key, own)])
+        start = starts[(*key, own)]
+        if (*key, start.tier) not in times:
+            times[(*key, start.tier)] = predict.predict_duration(
+                job.task,
+                job.id,
+                start.tier,
+                runs.get(job.task, []),
+                running_s=running.longest_s.get(job.task),
+            )
+        duration = times[(*key, start.tier)]
+        out[job.id] = _demand(job, suite, cards[job.suite], memo[key], start, duration)
     return out
 
 
@@ -228,10 +299,19 @@ def _predictions(
     samples: Sequence[predict.PeakSample],
     ratios: Mapping[int, float],
     headroom_frac: float,
+    running_mib: Mapping[tuple[str, int], int],
 ) -> tuple[predict.Prediction, ...]:
     fallback, best = default_mib(suite, gpus, headroom_frac), _best_room(suite, room_mib)
     preds = [
-        predict.predict_peak(job.task, job.id, t, samples, default_mib=fallback, usable_mib=best)
+        predict.predict_peak(
+            job.task,
+            job.id,
+            t,
+            samples,
+            default_mib=fallback,
+            usable_mib=best,
+            running_mib=running_mib.get((job.task, t)),
+        )
         for t in range(len(suite.suite.tiers))
     ]
     return tuple(memory.fill_ladder(preds, ratios))
@@ -260,7 +340,12 @@ def _start(
 
 
 def _demand(
-    job: JobRow, suite: SuiteRow, cards: _Cards, preds: tuple[predict.Prediction, ...], start: memory.Start
+    job: JobRow,
+    suite: SuiteRow,
+    cards: _Cards,
+    preds: tuple[predict.Prediction, ...],
+    start: memory.Start,
+    duration: predict.Duration,
 ) -> Demand:
     view = placement.QueuedJob(
         job_id=job.id,
@@ -271,37 +356,28 @@ def _demand(
         allowed=cards.allowed,
         predicted_mib=start.predicted_mib,
         avoid_gpu=job.avoid_gpu,
+        predicted_s=duration.seconds,
     )
-    return Demand(view=view, predictions=preds, note=start.note)
+    return Demand(view=view, predictions=preds, note=start.note, duration=duration)
 
 
-def pack(
-    demand: Mapping[str, Demand],
-    waited_s: Mapping[str, float],
-    views: Sequence[placement.GpuSlotView],
-    *,
-    after_s: float,
-    headroom_frac: float,
-) -> dict[str, Demand]:
-    """``demand`` with every job that memory has kept waiting ``after_s`` or more moved one
-    tier down where that tier fits a card now (:func:`memory.pack_down`)."""
+def pack(demand: Mapping[str, Demand], waited_s: Mapping[str, float], *, after_s: float) -> dict[str, Demand]:
+    """``demand`` with every job given its slower tiers as fallbacks (exclusive ones left out:
+    they wait for an empty card anyway): placement's second pass starts a job that memory keeps
+    waiting at the first of them that fits a card now, on room no job could take at its own
+    tier; a job that memory has kept waiting ``after_s`` or more tries them at its turn in the
+    first pass (``pack_now``), before the jobs after it in the queue."""
     out = dict(demand)
     for job_id, d in demand.items():
-        if waited_s.get(job_id, 0.0) < after_s:
-            continue
-        lower = memory.pack_down(d.view, [p.mib for p in d.predictions], views, headroom_frac=headroom_frac)
-        if lower is None:
-            continue
-        names = [t.name for t in lower.tiers]
-        here, there = d.view, lower
-        note = (
-            f"tier {names[there.tier]} instead of {names[here.tier]}: waited {waited_s[job_id] / 60:.0f} min"
-            f" for ~{memory.gib(here.predicted_mib or 0)} at {names[here.tier]};"
-            f" ~{memory.gib(there.predicted_mib or 0)} at {names[there.tier]} fits now"
+        view = d.view
+        lower = tuple(
+            (t, d.predictions[t].mib)
+            for t in range(view.tier + 1, min(len(view.tiers), len(d.predictions)))
+            if not view.tiers[t].exclusive
         )
-        out[job_id] = Demand(
-            view=lower, predictions=d.predictions, note=f"{d.note}; {note}" if d.note else note
-        )
+        if lower:
+            now = waited_s.get(job_id, 0.0) >= after_s
+            out[job_id] = replace(d, view=replace(view, fallback=lower, pack_now=now))
     return out
 
 
@@ -340,6 +416,7 @@ class MemoryWatch:
         self.releasing: dict[int, tuple[memory.Tree, float]] = {}  # attempt id -> (tree, ended at)
         self.holds: dict[int, str] = {}  # card index -> job id it is kept free for
         self.memory_bound_since: dict[str, float] = {}  # job id -> since when memory keeps it waiting
+        self.overtaken_since: dict[str, float] = {}  # job id -> since when later jobs get placed past it
         self._warned: set[int] = set()
 
     # ------------------------------------------------------------------ measure
@@ -433,6 +510,30 @@ class MemoryWatch:
         since = {j: self.memory_bound_since.get(j, now) for j in bound}
         self.memory_bound_since = since
         return {j: now - since[j] if j in since else 0.0 for j in demand}
+
+    def starved(self, demand: Mapping[str, Demand], now: float) -> dict[str, float]:
+        """job id -> how long it has been starved: since jobs after it in the queue were first
+        placed while it waited (see :meth:`overtaken`); 0 for jobs never overtaken."""
+        self.overtaken_since = {j: t for j, t in self.overtaken_since.items() if j in demand}
+        return {j: now - self.overtaken_since[j] if j in self.overtaken_since else 0.0 for j in demand}
+
+    def overtaken(
+        self, queued: Sequence[placement.QueuedJob], decision: placement.Decision, now: float
+    ) -> None:
+        """Note the jobs this decision left waiting while it placed a job after them in the
+        queue's order: memory (or a hold) keeps them out while others get in. A busy cluster
+        has no free slot between ticks, so "memory keeps it off every card now" would never
+        last; being overtaken is what starving looks like there."""
+        placed = {p.job_id for p in decision.placements}
+        for job_id in placed:
+            self.overtaken_since.pop(job_id, None)
+        if not placed:
+            return
+        order = {j.job_id: placement.job_order(j) for j in queued}
+        last = max(order[j] for j in placed if j in order)
+        for w in decision.waits:
+            if w.job_id in order and order[w.job_id] < last:
+                self.overtaken_since.setdefault(w.job_id, now)
 
     def reserved(self, live: Sequence[AttemptRow], att: memory.Attribution, now: float) -> Counter[int]:
         """card index -> memory promised to its running attempts that it does not show yet."""

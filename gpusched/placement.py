@@ -54,6 +54,11 @@ class QueuedJob:
     allowed: Mapping[int, int]  # gpu index -> slot cap from the job's suite gpu-plan
     predicted_mib: int | None = None  # peak at its current tier, None when unknown
     avoid_gpu: int | None = None
+    predicted_s: float | None = None  # run time at its current tier, None when unknown
+    # slower tiers it may start at instead, (tier, predicted peak) in order, when memory keeps
+    # it off every card at its own tier (the second pass of :func:`assign`)
+    fallback: tuple[tuple[int, int | None], ...] = ()
+    pack_now: bool = False  # memory has kept it waiting long: its fallback tiers are tried at its turn
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,30 +108,104 @@ def assign(
     *,
     headroom_frac: float = DEFAULT_HEADROOM_FRAC,
 ) -> Decision:
-    """Place as many queued jobs as the rules allow (see the module docstring)."""
+    """Place as many queued jobs as the rules allow (see the module docstring).
+
+    Two passes over the queue, in :func:`job_order`: the first places each job at its own tier
+    (a job with ``pack_now`` also at the first of its ``fallback`` tiers that fits, at its
+    turn); the second gives the jobs memory left waiting their ``fallback`` tiers on what the
+    first left, so a slower tier only fills room that no job could take at its own."""
     views = {g.index: g for g in sorted(gpus, key=lambda g: g.index)}
     placements: list[Placement] = []
-    waits: list[Wait] = []
-    # A job that waits leaves the views as they were, so a later job the rules cannot tell
-    # from it waits for the same reason: a long queue costs one check per kind of job, not
-    # one per job, until the next placement changes the views.
     held = held_jobs(gpus)
-    waited: dict[tuple[object, ...], str] = {}
-    for job in sorted(queued, key=job_order):
-        key = rules_key(job, held)
-        if key in waited:
-            waits.append(Wait(job_id=job.job_id, reason=waited[key]))
+    first = [(j, None) for j in sorted(queued, key=job_order)]
+    waits = _pass(first, views, placements, held, headroom_frac)
+    left = _pass(waits, views, placements, held, headroom_frac)
+    return Decision(placements=tuple(placements), waits=tuple(w for _, w in left))
+
+
+def _pass(
+    jobs: Sequence[tuple[QueuedJob, Wait | None]],
+    views: dict[int, GpuSlotView],
+    placements: list[Placement],
+    held: set[str],
+    headroom_frac: float,
+) -> list[tuple[QueuedJob, Wait]]:
+    """One pass of :func:`assign` over (job, why it waited in the first pass; ``None`` in the
+    first pass): places what it can (updating ``views`` and ``placements``) and returns the
+    jobs left waiting with why. A job that waits leaves the views as they were, so a later job
+    the rules cannot tell from it waits for the same reason: a long queue costs one check per
+    kind of job, not one per job, until the next placement changes the views."""
+    waits: list[tuple[QueuedJob, Wait]] = []
+    waited: dict[tuple[object, ...], Wait] = {}
+    for job, before in jobs:
+        if before is None:  # the first pass: a starved job may fall back at its turn
+            falls = job.fallback if job.pack_now else ()
+        else:  # the second: one tier down (a starved job tried all of them already)
+            falls = () if job.pack_now else job.fallback[:1]
+        if before is not None and not falls:
+            waits.append((job, before))  # nothing new to try: its first-pass why stands
             continue
-        outcome = place_one(job, list(views.values()), headroom_frac)
-        if isinstance(outcome, Wait):
-            waits.append(outcome)
-            waited[key] = outcome.reason
+        key = (rules_key(job, held), falls)
+        if key in waited:
+            waits.append((job, before or replace(waited[key], job_id=job.job_id)))
+            continue
+        outcome, placed = _place_or_fall(
+            job, list(views.values()), headroom_frac, own=before is None, falls=falls
+        )
+        if outcome is None or isinstance(outcome, Wait):
+            wait = before or outcome
+            assert wait is not None
+            waits.append((job, wait))
+            waited[key] = wait
             continue
         placements.append(outcome)
         waited.clear()
         if outcome.gpu is not None:
-            views[outcome.gpu] = occupy(views[outcome.gpu], job)
-    return Decision(placements=tuple(placements), waits=tuple(waits))
+            views[outcome.gpu] = occupy(views[outcome.gpu], placed)
+    return waits
+
+
+def _place_or_fall(
+    job: QueuedJob,
+    views: Sequence[GpuSlotView],
+    headroom_frac: float,
+    *,
+    own: bool,
+    falls: Sequence[tuple[int, int | None]],
+) -> tuple[Placement | Wait | None, QueuedJob]:
+    """``job`` at its own tier (when ``own``), else, when memory keeps it off every card, at
+    the first of ``falls`` that fits a card now. Returns the placement (or the wait at its own
+    tier; ``None`` when its own tier was not tried) and the job as placed."""
+    outcome = place_one(job, views, headroom_frac) if own else None
+    if isinstance(outcome, Placement):
+        return outcome, job
+    if falls and memory_bound(job, views, headroom_frac):
+        for tier, predicted in falls:
+            lower = replace(job, tier=tier, predicted_mib=predicted, fallback=(), pack_now=False)
+            fell = place_one(lower, views, headroom_frac)
+            if isinstance(fell, Placement):
+                return replace(fell, reason=f"{fallback_note(job, lower)}; {fell.reason}"), lower
+    return outcome, job
+
+
+MEMORY_VETOES = frozenset({Veto.NEEDS_EMPTY, Veto.MIN_FREE, Veto.MEMORY})  # not HELD: a hold is a choice
+
+
+def memory_bound(job: QueuedJob, views: Sequence[GpuSlotView], headroom_frac: float) -> bool:
+    """True when memory (not slots or the plan) keeps ``job`` off every card it may use."""
+    vetoes = [veto(job, g, headroom_frac) for g in views]
+    planned = [v for v in vetoes if v is not Veto.NOT_IN_PLAN]
+    return bool(planned) and None not in planned and any(v in MEMORY_VETOES for v in planned)
+
+
+def fallback_note(job: QueuedJob, lower: QueuedJob) -> str:
+    """``"tier B instead of A: ~13.0 GiB at A fits no GPU now, ~8.2 GiB at B does"``."""
+    here, there = tier_of(job).name, tier_of(lower).name
+    need = f"~{gib(job.predicted_mib)} at {here}" if job.predicted_mib is not None else f"tier {here}"
+    now = (
+        f"~{gib(lower.predicted_mib)} at {there} does" if lower.predicted_mib is not None else f"{there} does"
+    )
+    return f"tier {there} instead of {here}: {need} fits no GPU now, {now}"
 
 
 def held_jobs(gpus: Iterable[GpuSlotView]) -> set[str]:
@@ -148,9 +227,18 @@ def rules_key(job: QueuedJob, held: set[str]) -> tuple[object, ...]:
     )
 
 
-def job_order(job: QueuedJob) -> tuple[int, bool, int, int]:
-    """Priority desc, then predicted peak desc (unknown last), then seq."""
-    return (-job.priority, job.predicted_mib is None, -(job.predicted_mib or 0), job.seq)
+def job_order(job: QueuedJob) -> tuple[int, bool, float, bool, int, int]:
+    """Priority desc, then predicted run time desc (longest first, so that the night does not
+    end on a long job started late; unknown first: running one is how it gets known), then
+    predicted peak desc (unknown last), then seq."""
+    return (
+        -job.priority,
+        job.predicted_s is not None,
+        -(job.predicted_s or 0.0),
+        job.predicted_mib is None,
+        -(job.predicted_mib or 0),
+        job.seq,
+    )
 
 
 def place_one(job: QueuedJob, views: Sequence[GpuSlotView], headroom_frac: float) -> Placement | Wait:

@@ -10,8 +10,12 @@ Sources, first that has data wins (``Prediction.source`` names it; ``status`` sh
    known, OOM samples of this job (``"job"``) or else of its siblings (``"task"``) at this tier
    predict ``usable_mib``: a whole card's usable memory, so that the job waits for an empty card
    rather than repeating the OOM next to another job. The choice keeps the four sources the
-   status view knows; the reported peak at OOM time is used when it is larger.
-4. ``"default"``: ``default_mib`` (the caller's card size / plan slots).
+   status view knows; the reported peak at OOM time is used when it is larger. An OOM of an
+   attempt that was placed with a whole card's prediction (it ran out alone on a card) predicts
+   ``usable_mib + 1``: the tier fits no card, and the job starts further down the ladder.
+4. ``"default"``: ``default_mib`` (the caller's card size / plan slots), or ``running_mib``
+   when a sibling that is running at this tier, none of whose kind has finished there yet,
+   already holds more (its peak is at least that; a launch beside it on a share would OOM).
 5. ``"unknown"``: ``mib=None``; placement then checks slots and tier minimums only.
 
 Peaks recorded at the moment of this job's own OOMs at this tier are lower bounds of its
@@ -38,6 +42,7 @@ class PeakSample:
     tier: int
     peak_mib: int | None
     outcome: Outcome | str
+    predicted_mib: int | None = None  # what the attempt was placed with
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,8 +59,10 @@ def predict_peak(
     *,
     default_mib: int | None,
     usable_mib: int | None = None,
+    running_mib: int | None = None,
 ) -> Prediction:
-    """Predicted peak of ``job_id`` (of ``task``) at ``tier``; see the module docstring."""
+    """Predicted peak of ``job_id`` (of ``task``) at ``tier``; see the module docstring.
+    ``running_mib``: the most a sibling running at this tier holds so far (raises a default)."""
     at_tier = [s for s in history if s.tier == tier and s.task == task]
     mine = [s for s in at_tier if s.job_id == job_id]
     siblings = [s for s in at_tier if s.job_id != job_id]
@@ -68,13 +75,18 @@ def predict_peak(
         if _count(samples, Outcome.OOM):
             return _after_oom(samples, source, usable_mib, default_mib)
     if default_mib is not None:
-        return Prediction(mib=default_mib, source="default")
+        return Prediction(mib=max(default_mib, running_mib or 0), source="default")
     return Prediction(mib=None, source="unknown")
 
 
 def _after_oom(
     samples: Sequence[PeakSample], source: str, usable_mib: int | None, default_mib: int | None
 ) -> Prediction:
+    if usable_mib is not None and any(
+        s.outcome == Outcome.OOM and s.predicted_mib is not None and s.predicted_mib >= usable_mib
+        for s in samples
+    ):  # it was given a whole card and still ran out: this tier needs more than a card
+        return Prediction(mib=usable_mib + 1, source=source)
     known = [m for m in (usable_mib, *_peaks(samples, Outcome.OOM)) if m is not None]
     if known:
         return Prediction(mib=max(known), source=source)
@@ -100,3 +112,64 @@ def _count(samples: Sequence[PeakSample], outcome: Outcome) -> int:
 
 def _at_least(value: int, floor: int | None) -> int:
     return value if floor is None else max(value, floor)
+
+
+# --------------------------------------------------------------------------- run time
+
+DURATION_SOURCES = ("job", "task", "running", "unknown")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSample:
+    """How long one successful attempt ran (``started_at`` to ``ended_at``)."""
+
+    job_id: str
+    task: str
+    tier: int
+    seconds: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Duration:
+    seconds: float | None
+    source: str  # one of DURATION_SOURCES
+
+
+UNKNOWN_DURATION = Duration(seconds=None, source="unknown")
+
+
+def predict_duration(
+    task: str,
+    job_id: str,
+    tier: int,
+    runs: Sequence[RunSample],
+    *,
+    running_s: float | None = None,
+) -> Duration:
+    """Predicted run time of ``job_id`` (of ``task``) at ``tier``, learned the way peaks are:
+
+    1. ``"job"``: the mean of this job's own successful runs at this tier;
+    2. ``"task"``: the median of its siblings' successful runs at this tier, else at the
+       nearest tier they ran at (tiers differ by tens of per cent; the figure orders the
+       queue, it promises nothing);
+    3. ``"running"``: ``running_s``, the longest a sibling has been running so far (a lower
+       bound: a task none of whose jobs has finished yet is at least that long);
+    4. ``"unknown"``: ``seconds=None``.
+    """
+    mine = [r.seconds for r in runs if r.task == task and r.job_id == job_id and r.tier == tier]
+    if mine:
+        return Duration(seconds=sum(mine) / len(mine), source="job")
+    siblings = [r for r in runs if r.task == task]
+    if siblings:
+        nearest = min(abs(r.tier - tier) for r in siblings)
+        at = [r.seconds for r in siblings if abs(r.tier - tier) == nearest]
+        return Duration(seconds=median(at), source="task")
+    if running_s is not None:
+        return Duration(seconds=running_s, source="running")
+    return Duration(seconds=None, source="unknown")
+
+
+def median(values: Sequence[float]) -> float:
+    """The middle value (the lower of the two middle ones for an even count)."""
+    ordered = sorted(values)
+    return ordered[(len(ordered) - 1) // 2]

@@ -42,7 +42,7 @@ class Settings:
     headroom_frac: float = 0.10  # keep this share of every card free (seeds: 10-20 %)
     ramp_s: float = 60.0  # a job launched (or last grown) this recently counts as holding its predicted peak
     release_s: float = 30.0  # an ended attempt's processes count as ours until gone, this long at most
-    pack_after_s: float = 600.0  # memory kept a job off every card this long: one tier down, if that fits now
+    pack_after_s: float = 600.0  # later jobs kept overtaking a job this long: its slower tiers at its turn
     hold_after_s: float = 1800.0  # ... this long, a card is kept free of new jobs for it
     hold_frac: float = 0.3  # at most this share of the cards (at least one) kept free at once
     unstick_after_s: float = 3600.0  # nothing of ours runs and others' memory keeps a job out this long: go
@@ -286,18 +286,19 @@ class Scheduler:
             headroom_frac=headroom,
             start_safer=self.settings.start_safer,
             fit_share=self.settings.fit_share,
+            now=now,
         )
         base = self._views(live, gpus, att, now)
         if not live:
             self.memory.holds.clear()  # nothing to drain: an empty card is free for all
         views = list(memory.held_views(base, self.memory.holds).values())
         waited = self.memory.waited_on_memory(demand, views, now, headroom)
-        demand = memwatch.pack(
-            demand, waited, views, after_s=self.settings.pack_after_s, headroom_frac=headroom
-        )
+        starved = self.memory.starved(demand, now)
+        demand = memwatch.pack(demand, starved, after_s=self.settings.pack_after_s)
         qjobs = [d.view for d in demand.values()]
         decision = self.assign(qjobs, views, headroom_frac=headroom)
         placements, waits = list(decision.placements), {w.job_id: w.reason for w in decision.waits}
+        self.memory.overtaken(qjobs, decision, now)
         if not placements and not live and not self.memory.releasing:
             forced = memory.unstick(  # never deadlock
                 qjobs, views, headroom_frac=headroom, waited=waited, patience_s=self.settings.unstick_after_s
@@ -312,7 +313,7 @@ class Scheduler:
             reason = f"{d.note}; {p.reason}" if d.note and p.tier == d.view.tier else p.reason
             launches.append((by_id[p.job_id], replace(p, reason=reason), d.prediction(p.tier)))
         self._launch(launches, gpus, now, report)
-        self._hold(demand, waited, waits, list(base.values()), room)
+        self._hold(demand, starved, waits, list(base.values()), room)
         self.store.set_waits(
             {j: why for j, why in waits.items() if by_id[j].wait_reason != why}
         )  # changes only

@@ -5,13 +5,24 @@ that decode their spec only when asked."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpusched import codec
 from gpusched.model import Placement, Tier, Wait
-from gpusched.placement import Decision, GpuSlotView, QueuedJob, assign, job_order, occupy, place_one
+from gpusched.placement import (
+    Decision,
+    GpuSlotView,
+    QueuedJob,
+    assign,
+    fallback_note,
+    job_order,
+    memory_bound,
+    occupy,
+    place_one,
+)
 
 GIB = 1024
 LADDERS = (
@@ -21,18 +32,33 @@ LADDERS = (
 
 
 def assign_one_by_one(queued: list[QueuedJob], gpus: list[GpuSlotView], headroom_frac: float) -> Decision:
-    """placement.assign without the shortcut: every job checked against every card."""
+    """placement.assign without the shortcut: every job checked against every card, in two
+    passes (own tier, or a starved job's slower tiers, then one tier down)."""
     views = {g.index: g for g in sorted(gpus, key=lambda g: g.index)}
     placements: list[Placement] = []
-    waits: list[Wait] = []
+    first: list[tuple[QueuedJob, Wait]] = []
+
+    def attempt(job: QueuedJob, tiers: tuple[tuple[int, int | None], ...]) -> bool:
+        if not tiers or not memory_bound(job, list(views.values()), headroom_frac):
+            return False
+        for tier, predicted in tiers:
+            lower = replace(job, tier=tier, predicted_mib=predicted, fallback=(), pack_now=False)
+            fell = place_one(lower, list(views.values()), headroom_frac)
+            if isinstance(fell, Placement):
+                placements.append(replace(fell, reason=f"{fallback_note(job, lower)}; {fell.reason}"))
+                views[fell.gpu] = occupy(views[fell.gpu], lower)  # type: ignore[index]
+                return True
+        return False
+
     for job in sorted(queued, key=job_order):
         outcome = place_one(job, list(views.values()), headroom_frac)
-        if isinstance(outcome, Wait):
-            waits.append(outcome)
-            continue
-        placements.append(outcome)
-        if outcome.gpu is not None:
-            views[outcome.gpu] = occupy(views[outcome.gpu], job)
+        if isinstance(outcome, Placement):
+            placements.append(outcome)
+            if outcome.gpu is not None:
+                views[outcome.gpu] = occupy(views[outcome.gpu], job)
+        elif not (job.pack_now and attempt(job, job.fallback)):
+            first.append((job, outcome))
+    waits = [w for job, w in first if job.pack_now or not attempt(job, job.fallback[:1])]
     return Decision(placements=tuple(placements), waits=tuple(waits))
 
 
@@ -64,6 +90,11 @@ def queues(draw: st.DrawFn) -> list[QueuedJob]:
                 allowed=allowed,
                 predicted_mib=draw(st.sampled_from([None, 0, 6 * GIB, 20 * GIB])),
                 avoid_gpu=draw(st.none() | st.integers(0, 3)),
+                fallback=tuple(
+                    (t, draw(st.sampled_from([None, 4 * GIB, 10 * GIB])))
+                    for t in range(tier + 1, len(LADDERS[ladder]))
+                )[: draw(st.integers(0, 2))],
+                pack_now=draw(st.booleans()),
             )
         )
     return jobs

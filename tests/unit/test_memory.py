@@ -3,9 +3,11 @@ the tier ladder learned across tasks, start safer, pack down, holds, never deadl
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from gpusched import memory
+from gpusched import memory, memwatch
 from gpusched.memory import Holding, HostLimit, HostMemory, Tree
 from gpusched.model import GpuProcess, GpuState, Outcome, Tier
 from gpusched.placement import GpuSlotView, QueuedJob, assign
@@ -194,18 +196,50 @@ def test_a_learned_peak_over_a_slots_share_starts_one_tier_down_when_that_is_lea
 # --------------------------------------------------------------------------- pack down, holds, unstick
 
 
-def test_pack_down_takes_the_next_tier_when_it_fits_now_and_never_an_exclusive_one() -> None:
+def falls(j: QueuedJob, *peaks: float, now: bool = False) -> QueuedJob:
+    """``j`` with slower tiers B, C, ... at these peaks (GiB) to fall back to."""
+    lower = tuple((j.tier + 1 + i, int(p * GIB)) for i, p in enumerate(peaks))
+    return replace(j, fallback=lower, pack_now=now)
+
+
+def test_a_job_memory_keeps_out_starts_one_tier_down_where_that_fits_now() -> None:
     views = [view(0, free=12, running=1), view(1, free=11, running=1)]
-    lower = memory.pack_down(job(14), [14 * GIB, 9 * GIB, 6 * GIB, 4 * GIB], views, headroom_frac=0.1)
-    assert lower is not None and (lower.tier, lower.predicted_mib) == (1, 9 * GIB)
-    assert memory.pack_down(job(14), [14 * GIB, 11 * GIB, 6 * GIB, 4 * GIB], views, headroom_frac=0.1) is None
-    at_c = job(9, tier=2)
-    assert (
-        memory.pack_down(at_c, [14 * GIB, 11 * GIB, 12 * GIB, 4 * GIB], views, headroom_frac=0.1) is None
-    )  # D: exclusive
-    assert (
-        memory.pack_down(job(5), [5 * GIB, 3 * GIB, 2 * GIB, 1 * GIB], views, headroom_frac=0.1) is None
-    )  # not waiting
+    d = assign([falls(job(14), 9, 6)], views, headroom_frac=0.1)
+    assert [(p.job_id, p.tier, p.gpu) for p in d.placements] == [("j", 1, 0)]
+    assert d.placements[0].reason.startswith("tier B instead of A: ~14.0 GiB at A fits no GPU now, ~9.0 GiB")
+    # the second pass goes one tier down only: C would fit, B does not
+    d = assign([falls(job(14), 11, 6)], views, headroom_frac=0.1)
+    assert not d.placements and d.waits[0].reason.startswith("GPU 0 has 12.0 GiB free, needs 14.0 GiB")
+
+
+def test_a_slower_tier_only_takes_room_no_job_can_use_at_its_own() -> None:
+    views = [view(0, free=12, running=1)]
+    long = replace(falls(job(14, name="long"), 9), predicted_s=7200.0)
+    short = replace(job(8, name="short"), predicted_s=600.0)
+    d = assign([long, short], views, headroom_frac=0.1)
+    assert [(p.job_id, p.tier) for p in d.placements] == [("short", 0)]  # at its own tier first
+    assert [w.job_id for w in d.waits] == ["long"]
+    d = assign([long], views, headroom_frac=0.1)
+    assert [(p.job_id, p.tier) for p in d.placements] == [("long", 1)]
+
+
+def test_a_starved_job_takes_its_first_slower_tier_that_fits_at_its_turn() -> None:
+    views = [view(0, free=12, running=1)]
+    starved = replace(falls(job(14, name="starved"), 11, 6, now=True), predicted_s=7200.0)
+    short = replace(job(8, name="short"), predicted_s=600.0)
+    d = assign([starved, short], views, headroom_frac=0.1)
+    assert [(p.job_id, p.tier) for p in d.placements] == [("starved", 2)]  # C: B does not fit either
+    assert "tier C instead of A" in d.placements[0].reason
+
+
+def test_pack_gives_every_job_its_slower_tiers_and_the_starved_ones_at_once() -> None:
+    preds = tuple(Prediction(mib=m * GIB, source="task") for m in (14, 9, 6, 4))
+    d = memwatch.Demand(view=job(14), predictions=preds)
+    out = memwatch.pack(
+        {"j": d, "k": replace(d, view=job(14, name="k"))}, {"j": 0.0, "k": 900.0}, after_s=600
+    )
+    assert out["j"].view.fallback == ((1, 9 * GIB), (2, 6 * GIB))  # D is exclusive: left out
+    assert not out["j"].view.pack_now and out["k"].view.pack_now
 
 
 def test_a_job_memory_kept_waiting_long_gets_a_card_kept_free_and_nothing_else_lands_there() -> None:
@@ -295,3 +329,45 @@ def test_host_minimum_parses(text: str, limit: HostLimit) -> None:
 def test_a_bad_host_minimum_is_refused() -> None:
     with pytest.raises(ValueError):
         memory.parse_host_min("lots")
+
+
+def test_a_job_overtaken_by_later_jobs_counts_as_starved_until_it_is_placed(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from gpusched.placement import Decision
+    from gpusched.store import Store
+
+    watch = memwatch.MemoryWatch(Store(tmp_path / "q.db"))
+    big = replace(job(16, name="big"), predicted_s=7200.0)
+    small = replace(job(4, name="small"), predicted_s=600.0)
+    demand = {j.job_id: memwatch.Demand(view=j, predictions=()) for j in (big, small)}
+    views = [view(0, free=10, running=1)]
+    watch.overtaken([big, small], assign([big, small], views, headroom_frac=0.1), now=100.0)
+    assert watch.starved(demand, 700.0) == {"big": 600.0, "small": 0.0}
+    watch.overtaken([big], Decision(), now=800.0)  # nothing placed: still starved since 100
+    assert watch.starved(demand, 900.0)["big"] == 800.0
+    placed = assign([big], [view(0, free=24)], headroom_frac=0.1)
+    watch.overtaken([big], placed, now=1000.0)
+    assert watch.starved(demand, 1000.0)["big"] == 0.0
+
+
+def test_a_card_is_kept_free_for_a_starved_job_even_when_every_slot_is_busy() -> None:
+    views = [view(0, free=6, running=2), view(1, free=3, running=2)]  # a busy cluster: no slot free
+    holds = memory.choose_holds(
+        [(job(16, name="big"), 1800)],
+        views,
+        {0: 21 * GIB, 1: 21 * GIB},
+        current={},
+        hold_after_s=1800,
+        max_holds=1,
+        headroom_frac=0.1,
+    )
+    assert holds == {0: "big"}
+    fits = memory.choose_holds(  # the memory is there: it waits for a slot, no card is held for it
+        [(job(3, name="small"), 1800)],
+        views,
+        {0: 21 * GIB, 1: 21 * GIB},
+        current={},
+        hold_after_s=1800,
+        max_holds=1,
+        headroom_frac=0.1,
+    )
+    assert fits == {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -39,6 +40,7 @@ def job(
     predicted: int | None = None,
     priority: int = 0,
     avoid: int | None = None,
+    seconds: float | None = None,
 ) -> QueuedJob:
     return QueuedJob(
         job_id=job_id,
@@ -49,6 +51,7 @@ def job(
         allowed={i: 2 for i in range(8)} if allowed is None else allowed,
         predicted_mib=predicted,
         avoid_gpu=avoid,
+        predicted_s=seconds,
     )
 
 
@@ -334,6 +337,27 @@ def test_queue_order_priority_then_size_then_fifo() -> None:
     assert {w.reason for w in decision.waits} == {"all 2 slots busy"}
 
 
+def test_longest_predicted_run_first_then_size_unknown_run_time_first() -> None:
+    jobs = [
+        job("short-big", seq=0, predicted=20 * GIB, seconds=600),
+        job("long-small", seq=1, predicted=2 * GIB, seconds=5400),
+        job("never-run", seq=2, predicted=4 * GIB),
+        job("mid", seq=3, predicted=9 * GIB, seconds=3600),
+        job("mid-bigger", seq=4, predicted=12 * GIB, seconds=3600),
+        job("urgent", seq=5, priority=1, seconds=60),
+    ]
+    assert [j.job_id for j in sorted(jobs, key=job_order)] == [
+        "urgent",
+        "never-run",
+        "long-small",
+        "mid-bigger",
+        "mid",
+        "short-big",
+    ]
+    decision = assign(jobs, [gpu(0, free=40, total=80)], headroom_frac=0.0)
+    assert [p.job_id for p in decision.placements] == ["urgent", "never-run"]
+
+
 def test_each_placement_updates_the_views() -> None:
     jobs = [job(f"j{i}", seq=i, predicted=12 * GIB) for i in range(3)]
     decision = assign(jobs, [gpu(0, free=30, total=80), gpu(1, free=20, total=80)], headroom_frac=0.0)
@@ -404,19 +428,26 @@ def gpu_lists(draw: st.DrawFn) -> list[GpuSlotView]:
 def job_lists(draw: st.DrawFn) -> list[QueuedJob]:
     count = draw(st.integers(0, 8))
     seqs = draw(st.lists(st.integers(0, 1000), min_size=count, max_size=count, unique=True))
-    return [
-        QueuedJob(
-            job_id=f"j{seq}",
-            seq=seq,
-            priority=draw(st.integers(0, 2)),
-            tier=draw(st.integers(0, len(TIERS) - 1)),
-            tiers=TIERS,
-            allowed=draw(st.dictionaries(st.integers(0, 5), st.integers(0, 3), max_size=6)),
-            predicted_mib=draw(st.none() | st.integers(0, 40 * GIB)),
-            avoid_gpu=draw(st.none() | st.integers(0, 5)),
+    jobs = []
+    for seq in seqs:
+        tier = draw(st.integers(0, len(TIERS) - 1))
+        slower = range(tier + 1, draw(st.integers(tier + 1, len(TIERS))))  # a ladder's slower tiers
+        jobs.append(
+            QueuedJob(
+                job_id=f"j{seq}",
+                seq=seq,
+                priority=draw(st.integers(0, 2)),
+                tier=tier,
+                tiers=TIERS,
+                allowed=draw(st.dictionaries(st.integers(0, 5), st.integers(0, 3), max_size=6)),
+                predicted_mib=draw(st.none() | st.integers(0, 40 * GIB)),
+                avoid_gpu=draw(st.none() | st.integers(0, 5)),
+                predicted_s=draw(st.none() | st.floats(0, 1e5)),
+                fallback=tuple((t, draw(st.none() | st.integers(0, 40 * GIB))) for t in slower),
+                pack_now=draw(st.booleans()),
+            )
         )
-        for seq in seqs
-    ]
+    return jobs
 
 
 def replay(queued: list[QueuedJob], gpus: list[GpuSlotView], decision: Decision):
@@ -425,6 +456,10 @@ def replay(queued: list[QueuedJob], gpus: list[GpuSlotView], decision: Decision)
     cards = {g.index: g for g in gpus}
     for placement in decision.placements:
         placed, card = by_id[placement.job_id], cards[placement.gpu]  # type: ignore[index]
+        if placement.tier != placed.tier:  # it fell back to a slower tier: placed with that prediction
+            fell = dict(placed.fallback)
+            assert placement.tier in fell
+            placed = replace(placed, tier=placement.tier, predicted_mib=fell[placement.tier])
         yield placed, card
         cards[card.index] = GpuSlotView(
             index=card.index,
@@ -478,15 +513,20 @@ def test_exclusive_is_respected(queued: list[QueuedJob], gpus: list[GpuSlotView]
 @settings(max_examples=150, deadline=None)
 @given(job_lists(), gpu_lists())
 def test_head_job_is_placed_when_it_fits_anywhere(queued: list[QueuedJob], gpus: list[GpuSlotView]):
-    """No starvation of the head job: whatever comes after it, it goes first."""
+    """No starvation of the head job: whatever comes after it, it goes first, at its own tier
+    (or, once starved, ``pack_now``, at the first of its slower tiers that fits). Its other
+    slower tiers only take what the jobs after it leave (the second pass)."""
     if not queued:
         return
     head = min(queued, key=job_order)
-    fits_alone = assign([head], gpus, headroom_frac=HEADROOM).placements
+    own = head if head.pack_now else replace(head, fallback=())
+    fits_alone = assign([own], gpus, headroom_frac=HEADROOM).placements
     decision = assign(queued, gpus, headroom_frac=HEADROOM)
-    assert bool(fits_alone) == (head.job_id in {p.job_id for p in decision.placements})
+    placed = [p for p in decision.placements if p.job_id == head.job_id]
     if fits_alone:
         assert decision.placements[0] == fits_alone[0]
+    else:
+        assert not placed or (placed[0].tier != head.tier and not head.pack_now)
 
 
 @settings(max_examples=150, deadline=None)

@@ -7,7 +7,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpusched.model import Outcome
-from gpusched.predict import SOURCES, PeakSample, Prediction, p90, predict_peak
+from gpusched.predict import (
+    SOURCES,
+    Duration,
+    PeakSample,
+    Prediction,
+    RunSample,
+    p90,
+    predict_duration,
+    predict_peak,
+)
 
 TASK = "glue-tvt_qnli"
 
@@ -138,3 +147,58 @@ def test_prediction_is_well_formed(history: list[PeakSample], default: int | Non
     ]
     if own_ok:
         assert got.source == "job" and got.mib is not None and got.mib >= max(own_ok)
+
+
+# --------------------------------------------------------------------------- after an OOM, running siblings
+
+
+def test_an_oom_with_a_whole_card_predicted_means_the_tier_fits_no_card() -> None:
+    shared = PeakSample(job_id="E1/s1", task=TASK, tier=0, peak_mib=9000, outcome="oom", predicted_mib=10000)
+    assert predict([shared], usable=21000) == Prediction(mib=21000, source="task")  # wait for a card
+    alone = PeakSample(job_id="E1/s2", task=TASK, tier=0, peak_mib=20000, outcome="oom", predicted_mib=21000)
+    assert predict([shared, alone], usable=21000) == Prediction(mib=21001, source="task")  # more than one
+
+
+def test_a_running_sibling_that_holds_more_than_the_default_raises_it() -> None:
+    assert predict_peak(TASK, "E1/s87", 0, [], default_mib=12000, running_mib=13500) == Prediction(
+        mib=13500, source="default"
+    )
+    assert predict_peak(TASK, "E1/s87", 0, [], default_mib=12000, running_mib=9000).mib == 12000
+    learned = [sample("E1/s1", 8000)]
+    assert predict_peak(TASK, "E1/s87", 0, learned, default_mib=12000, running_mib=13500).mib == 8000
+
+
+# --------------------------------------------------------------------------- run time
+
+
+def run(job_id: str, seconds: float, *, tier: int = 0, task: str = TASK) -> RunSample:
+    return RunSample(job_id=job_id, task=task, tier=tier, seconds=seconds)
+
+
+@pytest.mark.parametrize(
+    ("runs", "running_s", "expected"),
+    [
+        pytest.param([], None, Duration(seconds=None, source="unknown"), id="nothing-known"),
+        pytest.param([], 1200.0, Duration(seconds=1200.0, source="running"), id="a-sibling-runs-so-long"),
+        pytest.param(
+            [run("E1/s87", 100), run("E1/s87", 300), run("E1/s1", 9000)],
+            None,
+            Duration(seconds=200, source="job"),
+            id="own-runs-mean",
+        ),
+        pytest.param(
+            [run("E1/s1", 100), run("E1/s2", 5000), run("E1/s3", 300)],
+            1e6,
+            Duration(seconds=300, source="task"),
+            id="siblings-median-beats-running",
+        ),
+        pytest.param(
+            [run("E1/s1", 400, tier=1), run("E1/s2", 900, tier=3), run("E1/s3", 50, task="other")],
+            None,
+            Duration(seconds=400, source="task"),
+            id="nearest-tier-of-the-task",
+        ),
+    ],
+)
+def test_run_time_is_learned_like_peaks(runs: list[RunSample], running_s: float | None, expected: Duration):
+    assert predict_duration(TASK, "E1/s87", 0, runs, running_s=running_s) == expected
