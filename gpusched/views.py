@@ -357,27 +357,32 @@ def jobs_json(
     (entry, suite_of, tier, elapsed, started_at, ended_at, mib, source, kind, job_id, running_dir,
      ) = zip(*rows, strict=True)  # fmt: skip
     names = {name: [t.name for t in s.suite.tiers] for name, s in suites.items()}
-    tier_name = {}  # (suite, tier index) -> the tier's name, as job_docs names it
+    tier_name = {}  # (suite, tier index) -> the tier's name as JSON, as job_docs names it
     for s, t in set(zip(suite_of, tier, strict=True)):
         known = names.get(s)
-        tier_name[(s, t)] = known[min(t, len(known) - 1)] if known else str(t)
+        tier_name[(s, t)] = json.dumps(known[min(t, len(known) - 1)] if known else str(t))
+    tiers = {s: str(len(names[s]) if names.get(s) else 1) for s in set(suite_of)}
     stand_in = dict(zip(kind, job_id, strict=True))  # kind -> one of its jobs: they share a prediction
     stand_in.pop(None, None)
     shown = predictions(store, list(stand_in.values()), suites, gpus)
-    pred = [shown.get(stand_in[k]) if k is not None else None for k in kind]  # (mib, source, start tier)
-    columns = [
-        map(tier_name.__getitem__, zip(suite_of, tier, strict=True)),
-        (len(names[s]) if names.get(s) else 1 for s in suite_of),
-        (None if e is None else round(e, 1) for e in elapsed),
-        started_at,
-        ended_at,
-        (p[0] if p else m for p, m in zip(pred, mib, strict=True)),
-        (p[1] if p else s for p, s in zip(pred, source, strict=True)),
-        (p[2] if p else None for p in pred),
-    ]
+    by_kind = {k: shown[j] for k, j in stand_in.items() if j in shown}  # -> (mib, source, start tier)
+    pred = list(map(by_kind.get, kind))  # None but for queued jobs
     n = len(rows)
-    cells = _cells_json([v for c in columns for v in c])
-    added = [cells[k * n : (k + 1) * n] for k in range(len(ADDED_KEYS))]
+    cells = _cells_json(
+        [
+            *(None if e is None else round(e, 1) for e in elapsed),
+            *started_at,
+            *ended_at,
+            *(p[0] if p else m for p, m in zip(pred, mib, strict=True)),
+            *(p[1] if p else s for p, s in zip(pred, source, strict=True)),
+            *(p[2] if p else None for p in pred),
+        ]
+    )
+    added = [  # per key of ADDED_KEYS, each entry's value as JSON
+        list(map(tier_name.__getitem__, zip(suite_of, tier, strict=True))),
+        list(map(tiers.__getitem__, suite_of)),
+        *(cells[k * n : (k + 1) * n] for k in range(len(ADDED_KEYS) - 2)),
+    ]
     heads = [e[:-1] for e in entry]  # json_object's "{...}", left open
     extras = [""] * n  # keys some entries have: running jobs' last_line, Slurm jobs' slurm
     for i, adir in enumerate(running_dir):
