@@ -22,10 +22,17 @@ Among the GPUs left, the job takes the one with the most usable free memory
 lowest index. ``avoid_gpu`` (where its last attempt failed) is skipped when another GPU is
 left.
 
-Jobs are served in order of priority (high first), then predicted peak (largest first,
-unknown last), then ``seq`` (FIFO). A job that cannot go anywhere does not block the jobs
-after it. Each placement updates the views (``running + 1``, ``reserved + predicted``)
-before the next job is considered.
+Jobs are served in order of priority (high first), then predicted run time (longest first,
+so that a night does not end on a long job started late; unknown first, as running one is
+how it gets known), then predicted peak (largest first, unknown last), then ``seq`` (FIFO).
+A job that cannot go anywhere does not block the jobs after it. Each placement updates the
+views (``running + 1``, ``reserved + predicted``) before the next job is considered.
+
+A job may carry slower tiers to fall back to (``fallback``, with their predicted peaks). A
+second pass gives each job that memory left waiting the first of them (one tier down) on
+the cards the first pass left: a slower tier only takes room no job could use at its own. A
+starved job (``pack_now``: later jobs kept overtaking it) tries all of them at its turn in
+the first pass.
 
 Every placement carries a reason; every job left waiting carries the binding constraint:
 the veto of the GPUs that got furthest through the checks above.

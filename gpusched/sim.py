@@ -196,7 +196,7 @@ def static_assign(order: Sequence[int]) -> Callable[..., placement.Decision]:
         pinned = []
         for j in queued:
             g = order[(j.seq - 1) % len(order)]
-            pinned.append(replace(j, allowed={g: j.allowed.get(g, 0)}, predicted_mib=None))
+            pinned.append(replace(plain(j), allowed={g: j.allowed.get(g, 0)}, predicted_mib=None))
         return placement.assign(pinned, views, headroom_frac=headroom_frac)
 
     return assign
@@ -216,10 +216,25 @@ def ts_assign(free_frac: float = 0.90) -> Callable[..., placement.Decision]:
             blank = replace(v, free_mib=None, total_mib=None, reserved_mib=0, held_for=None)
             seen.append(blank if free else replace(blank, running=10**9))
         return placement.assign(
-            [replace(j, predicted_mib=None) for j in queued], seen, headroom_frac=headroom_frac
+            [replace(plain(j), predicted_mib=None) for j in queued], seen, headroom_frac=headroom_frac
         )
 
     return assign
+
+
+def plain(job: placement.QueuedJob) -> placement.QueuedJob:
+    """``job`` as a baseline sees it: no run time to order the queue by, no slower tier to fall
+    back to (other tools run jobs in the order given, at the tier given; the OOM ladder that
+    every policy gets stands for relaunching by hand)."""
+    return replace(job, predicted_s=None, fallback=(), pack_now=False)
+
+
+def fifo_assign(
+    queued: Sequence[placement.QueuedJob], views: Sequence[placement.GpuSlotView], *, headroom_frac: float
+) -> placement.Decision:
+    """Slot-only least-loaded placement (gpusched v1): :func:`placement.assign` on jobs in the
+    order given (the scheduler's probe is blind for this policy, so no memory is known)."""
+    return placement.assign([plain(j) for j in queued], views, headroom_frac=headroom_frac)
 
 
 def plan_order(plan: GpuPlan) -> list[int]:
@@ -249,7 +264,11 @@ def policies(plan: GpuPlan) -> dict[str, Policy]:
             memory_aware=False,
         ),
         "slots": Policy(
-            name="slots", label="slot-only least-loaded (gpusched v1)", blind=True, memory_aware=False
+            name="slots",
+            label="slot-only least-loaded (gpusched v1)",
+            assign=fifo_assign,
+            blind=True,
+            memory_aware=False,
         ),
         "gpusched": Policy(name="gpusched", label="gpusched memory-aware"),
     }

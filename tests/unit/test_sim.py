@@ -120,3 +120,20 @@ def test_simulate_command_uses_a_temporary_queue(
     assert [r["policy"] for r in out] == list(sim.POLICIES) and all(r["succeeded"] == 4 for r in out)
     assert not home.exists()  # never the user's queue
     assert cli.main(["simulate", "--suite", str(plan), "--gpu-plan", "2,2", "--policy", "nope"]) == 2
+
+
+def test_baselines_run_jobs_in_the_order_given_at_the_tier_given() -> None:
+    from gpusched.model import Tier
+    from gpusched.placement import GpuSlotView, QueuedJob, assign
+
+    tiers = (Tier(name="A"), Tier(name="B"))
+    jobs = [
+        QueuedJob(
+            job_id=f"j{i}", seq=i, tier=0, tiers=tiers, allowed={0: 1}, predicted_s=s, fallback=((1, 1),)
+        )
+        for i, s in enumerate([60.0, 7200.0])
+    ]
+    card = [GpuSlotView(index=0)]
+    assert [p.job_id for p in assign(jobs, card).placements] == ["j1"]  # gpusched: longest first
+    assert [p.job_id for p in sim.fifo_assign(jobs, card, headroom_frac=0.1).placements] == ["j0"]
+    assert sim.plain(jobs[1]) == QueuedJob(job_id="j1", seq=1, tier=0, tiers=tiers, allowed={0: 1})
