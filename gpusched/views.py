@@ -209,8 +209,8 @@ def job_docs(
             "line": line,
             "log": None if adir is None else os.path.join(adir, "output.log"),  # AttemptPaths.output
             "peak_mib": peak_mib,
-            "cancel_requested": bool(cancel_requested),
             "backend_handle": json.loads(handle) if handle else None,
+            "cancel_requested": bool(cancel_requested),
             "tier": names[min(tier, len(names) - 1)] if names else str(tier),
             "tiers": len(names) if names else 1,
             "runtime_s": runtime_s,
@@ -305,14 +305,14 @@ def predictions(
 #: Python writes the floats: SQLite writes 15 significant digits, a timestamp has 17.
 _JOBS_SQL = """
 SELECT
-    json_object(
+    rtrim(json_object(  -- left open: its last value is true or false, so only its "}" goes
         'id', j.id, 'suite', j.suite, 'name', j.name, 'state', j.state, 'tier_index', j.tier,
         'attempt', j.attempts, 'gpu', a.gpu, 'outcome', j.outcome,
         'reason', CASE WHEN j.state = 'queued' AND j.wait_reason <> '' THEN j.wait_reason ELSE j.reason END,
         'line', j.line, 'log', a.dir || '/output.log', 'peak_mib', a.peak_mib,
-        'cancel_requested', json(CASE WHEN j.cancel_requested THEN 'true' ELSE 'false' END),
-        'backend_handle', json(a.handle)
-    ),
+        'backend_handle', json(a.handle),
+        'cancel_requested', json(CASE WHEN j.cancel_requested THEN 'true' ELSE 'false' END)
+    ), '}'),
     j.suite, j.tier,
     CASE WHEN a.started_at AND j.state <> 'queued'
         THEN COALESCE(NULLIF(a.ended_at, 0), :now) - a.started_at END,  -- runtime_s, not rounded
@@ -383,21 +383,20 @@ def jobs_json(
         list(map(tiers.__getitem__, suite_of)),
         *(cells[k * n : (k + 1) * n] for k in range(len(ADDED_KEYS) - 2)),
     ]
-    heads = [e[:-1] for e in entry]  # json_object's "{...}", left open
     extras = [""] * n  # keys some entries have: running jobs' last_line, Slurm jobs' slurm
     for i, adir in enumerate(running_dir):
         if adir is not None:
             extras[i] = f',"last_line":{json.dumps(_last_line(adir))}'
     slurm = [i for i, e in enumerate(entry) if '"slurm_job_id"' in e]
     if details is not None and slurm:  # the entries as status_doc has them, to add to
-        docs = [json.loads(heads[i] + _added(added, i) + extras[i] + "}") for i in slurm]
+        docs = [json.loads(entry[i] + _added(added, i) + extras[i] + "}") for i in slurm]
         had = [set(d) for d in docs]
         details(docs)
         for i, d, keys in zip(slurm, docs, had, strict=True):
             extras[i] += "".join(
                 f",{json.dumps(k)}:{json.dumps(d[k], default=str)}" for k in d if k not in keys
             )
-    parts: list[Iterable[str]] = [heads]
+    parts: list[Iterable[str]] = [entry]
     for key, values in zip(ADDED_KEYS, added, strict=True):
         parts += [repeat(f",{json.dumps(key)}:"), values]
     parts += [extras, repeat("},")]
