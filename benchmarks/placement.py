@@ -14,14 +14,16 @@ Policies, all through the real ``Scheduler`` and store, differing only in placem
 1. static round-robin over the plan (seed 004's tmux launcher: job k is bound to a slot),
 2. ts-style (task-spooler's GPU mode): a card is free when >= 90 % of its memory is free,
 3. slot-only least-loaded (gpusched v1),
-4. gpusched memory-aware (measured free memory, learned peaks, ramp-up reservations, start
-   safer, pack down, holds).
+4. gpusched memory-aware (measured free memory, learned peaks and run times, ramp-up
+   reservations, start safer, longest predicted run first, pack down, holds).
 
 Every policy gets gpusched's OOM ladder (an OOM requeues the job one tier down): for 1 and
-2 that stands for the researcher relaunching it by hand, at no cost in waiting.
+2 that stands for the researcher relaunching it by hand, at no cost in waiting. The
+baselines run jobs in submit order at the tier given (``sim.plain``).
 
-Columns: makespan; makespan / lower bound (the larger of total GPU work / slots at each
-job's fastest fitting tier and total memory-time / total memory, see ``sim.lower_bound_s``);
+Columns: makespan; makespan / lower bound (the largest of total GPU work / slots at each
+job's fastest fitting tier, total memory-time / total memory and the longest job, see
+``sim.lower_bound_s``);
 OOM crashes (all, and co-location OOMs "after learning": of a job whose task had already
 finished at that tier, so its peak was known);
 GPU-hours lost to crashed attempts; mean memory utilisation over the makespan.
