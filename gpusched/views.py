@@ -17,7 +17,7 @@ import time
 import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from itertools import chain, repeat
+from itertools import chain, compress, repeat
 from typing import Any
 
 from gpusched import memory, memwatch
@@ -320,7 +320,8 @@ SELECT
     CASE WHEN j.state = 'queued' THEN CASE WHEN j.attempts = 0  -- its kind (see _queued_predictions)
         THEN json_array(j.suite, j.task, j.tier) ELSE j.id END END,  -- (no job id is a JSON array)
     j.id,
-    CASE WHEN j.state = 'running' THEN a.dir END
+    CASE WHEN j.state = 'running' THEN a.dir END,
+    instr(a.handle, '"slurm_job_id"')  -- a Slurm job's
 FROM jobs j LEFT JOIN attempts a
     ON a.job_id = j.id AND a.n = (SELECT MAX(n) FROM attempts WHERE job_id = j.id)
 WHERE :suite IS NULL OR j.suite = :suite
@@ -355,7 +356,7 @@ def jobs_json(
     if not rows:
         return "[]"
     (entry, suite_of, tier, elapsed, started_at, ended_at, mib, source, kind, job_id, running_dir,
-     ) = zip(*rows, strict=True)  # fmt: skip
+     is_slurm) = zip(*rows, strict=True)  # fmt: skip
     names = {name: [t.name for t in s.suite.tiers] for name, s in suites.items()}
     tier_name = {}  # (suite, tier index) -> the tier's name as JSON, as job_docs names it
     for s, t in set(zip(suite_of, tier, strict=True)):
@@ -366,28 +367,20 @@ def jobs_json(
     stand_in.pop(None, None)
     shown = predictions(store, list(stand_in.values()), suites, gpus)
     by_kind = {k: shown[j] for k, j in stand_in.items() if j in shown}  # -> (mib, source, start tier)
-    pred = list(map(by_kind.get, kind))  # None but for queued jobs
+    placed_with = zip(mib, source, repeat(None))  # what a job that is not queued shows
+    predicted, prediction_source, start_tier = zip(*map(by_kind.get, kind, placed_with), strict=True)
     n = len(rows)
-    cells = _cells_json(
-        [
-            *(None if e is None else round(e, 1) for e in elapsed),
-            *started_at,
-            *ended_at,
-            *(p[0] if p else m for p, m in zip(pred, mib, strict=True)),
-            *(p[1] if p else s for p, s in zip(pred, source, strict=True)),
-            *(p[2] if p else None for p in pred),
-        ]
-    )
+    runtime = [None if e is None else round(e, 1) for e in elapsed]
+    cells = _cells_json([*runtime, *started_at, *ended_at, *predicted, *prediction_source, *start_tier])
     added = [  # per key of ADDED_KEYS, each entry's value as JSON
         list(map(tier_name.__getitem__, zip(suite_of, tier, strict=True))),
         list(map(tiers.__getitem__, suite_of)),
         *(cells[k * n : (k + 1) * n] for k in range(len(ADDED_KEYS) - 2)),
     ]
     extras = [""] * n  # keys some entries have: running jobs' last_line, Slurm jobs' slurm
-    for i, adir in enumerate(running_dir):
-        if adir is not None:
-            extras[i] = f',"last_line":{json.dumps(_last_line(adir))}'
-    slurm = [i for i, e in enumerate(entry) if '"slurm_job_id"' in e]
+    for i in compress(range(n), running_dir):
+        extras[i] = f',"last_line":{json.dumps(_last_line(running_dir[i]))}'
+    slurm = list(compress(range(n), is_slurm))
     if details is not None and slurm:  # the entries as status_doc has them, to add to
         docs = [json.loads(entry[i] + _added(added, i) + extras[i] + "}") for i in slurm]
         had = [set(d) for d in docs]
