@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpusched import memory, placement, predict
-from gpusched.model import GpuState, Outcome
+from gpusched.model import GpuState, Outcome, Tier
 from gpusched.store import AttemptRow, JobRow, Store, SuiteRow
 
 log = logging.getLogger(__name__)
@@ -223,6 +223,7 @@ def demands(
     memo: dict[tuple[str, str, str], tuple[predict.Prediction, ...]] = {}
     times: dict[tuple[str, str, str, int], predict.Duration] = {}
     starts: dict[tuple[str, str, str, int], memory.Start] = {}
+    falls: dict[tuple[str, str, str, int], tuple[tuple[int, int | None], ...]] = {}
     out: dict[str, Demand] = {}
     for job in jobs:
         suite = suites.get(job.suite)
@@ -253,7 +254,10 @@ def demands(
                 running_s=running.longest_s.get(job.task),
             )
         duration = times[(*key, start.tier)]
-        out[job.id] = _demand(job, suite, cards[job.suite], memo[key], start, duration)
+        if (*key, start.tier) not in falls:  # one tuple per kind, so pack() replaces no view
+            falls[(*key, start.tier)] = slower_tiers(memo[key], start.tier, suite.suite.tiers)
+        fall = falls[(*key, start.tier)]
+        out[job.id] = _demand(job, suite, cards[job.suite], memo[key], start, duration, fall)
     return out
 
 
@@ -346,6 +350,7 @@ def _demand(
     preds: tuple[predict.Prediction, ...],
     start: memory.Start,
     duration: predict.Duration,
+    fallback: tuple[tuple[int, int | None], ...] = (),
 ) -> Demand:
     view = placement.QueuedJob(
         job_id=job.id,
@@ -357,26 +362,40 @@ def _demand(
         predicted_mib=start.predicted_mib,
         avoid_gpu=job.avoid_gpu,
         predicted_s=duration.seconds,
+        fallback=fallback,
     )
     return Demand(view=view, predictions=preds, note=start.note, duration=duration)
 
 
+def slower_tiers(
+    predictions: Sequence[predict.Prediction], tier: int, tiers: Sequence[Tier]
+) -> tuple[tuple[int, int | None], ...]:
+    """(tier, predicted peak) of the tiers below ``tier`` that a job may fall back to: all but
+    the exclusive ones (they wait for an empty card anyway)."""
+    return tuple(
+        (t, predictions[t].mib)
+        for t in range(tier + 1, min(len(tiers), len(predictions)))
+        if not tiers[t].exclusive
+    )
+
+
 def pack(demand: Mapping[str, Demand], waited_s: Mapping[str, float], *, after_s: float) -> dict[str, Demand]:
-    """``demand`` with every job given its slower tiers as fallbacks (exclusive ones left out:
-    they wait for an empty card anyway): placement's second pass starts a job that memory keeps
-    waiting at the first of them that fits a card now, on room no job could take at its own
-    tier; a job that memory has kept waiting ``after_s`` or more tries them at its turn in the
-    first pass (``pack_now``), before the jobs after it in the queue."""
+    """``demand`` with every job given its slower tiers as fallbacks (:func:`slower_tiers`):
+    placement's second pass starts a job that memory keeps waiting at the first of them that
+    fits a card now, on room no job could take at its own tier; a job that memory has kept
+    waiting ``after_s`` or more tries them at its turn in the first pass (``pack_now``),
+    before the jobs after it in the queue. A view that has them already (:func:`demands`
+    gives them) and is not starved is kept as it is: a full queue replaces few views a tick."""
     out = dict(demand)
+    memo: dict[tuple[int, int, int], tuple[tuple[int, int | None], ...]] = {}
     for job_id, d in demand.items():
         view = d.view
-        lower = tuple(
-            (t, d.predictions[t].mib)
-            for t in range(view.tier + 1, min(len(view.tiers), len(d.predictions)))
-            if not view.tiers[t].exclusive
-        )
-        if lower:
-            now = waited_s.get(job_id, 0.0) >= after_s
+        key = (id(d.predictions), view.tier, id(view.tiers))  # both outlive the loop (held by demand)
+        if key not in memo:
+            memo[key] = slower_tiers(d.predictions, view.tier, view.tiers)
+        lower = memo[key]
+        now = bool(lower) and waited_s.get(job_id, 0.0) >= after_s
+        if lower != view.fallback or now != view.pack_now:
             out[job_id] = replace(d, view=replace(view, fallback=lower, pack_now=now))
     return out
 
@@ -502,11 +521,12 @@ class MemoryWatch:
         """job id -> how long memory (not slots, not the plan) has kept it off every card,
         without a break; 0 for jobs it does not keep waiting now."""
         held = placement.held_jobs(views)
-        kinds: dict[tuple[object, ...], placement.QueuedJob] = {}  # equal rules_key: bound alike
-        for d in demand.values():
-            kinds.setdefault(placement.rules_key(d.view, held), d.view)
+        keys = {j: placement.rules_key(d.view, held) for j, d in demand.items()}  # equal keys: bound alike
+        kinds: dict[tuple[object, ...], placement.QueuedJob] = {}
+        for j, k in keys.items():
+            kinds.setdefault(k, demand[j].view)
         bound_kinds = {k for k, v in kinds.items() if memory.memory_bound(v, views, headroom_frac)}
-        bound = {j for j, d in demand.items() if placement.rules_key(d.view, held) in bound_kinds}
+        bound = {j for j, k in keys.items() if k in bound_kinds}
         since = {j: self.memory_bound_since.get(j, now) for j in bound}
         self.memory_bound_since = since
         return {j: now - since[j] if j in since else 0.0 for j in demand}

@@ -125,8 +125,9 @@ def assign(
     placements: list[Placement] = []
     held = held_jobs(gpus)
     first = [(j, None) for j in sorted(queued, key=job_order)]
-    waits = _pass(first, views, placements, held, headroom_frac)
-    left = _pass(waits, views, placements, held, headroom_frac)
+    keys = {id(j): rules_key(j, held) for j in queued}  # once per job, for both passes
+    waits = _pass(first, views, placements, keys, headroom_frac)
+    left = _pass(waits, views, placements, keys, headroom_frac)
     return Decision(placements=tuple(placements), waits=tuple(w for _, w in left))
 
 
@@ -134,14 +135,15 @@ def _pass(
     jobs: Sequence[tuple[QueuedJob, Wait | None]],
     views: dict[int, GpuSlotView],
     placements: list[Placement],
-    held: set[str],
+    keys: Mapping[int, tuple[object, ...]],
     headroom_frac: float,
 ) -> list[tuple[QueuedJob, Wait]]:
     """One pass of :func:`assign` over (job, why it waited in the first pass; ``None`` in the
     first pass): places what it can (updating ``views`` and ``placements``) and returns the
     jobs left waiting with why. A job that waits leaves the views as they were, so a later job
     the rules cannot tell from it waits for the same reason: a long queue costs one check per
-    kind of job, not one per job, until the next placement changes the views."""
+    kind of job, not one per job, until the next placement changes the views. ``keys``: each
+    job's :func:`rules_key`, by ``id(job)``."""
     waits: list[tuple[QueuedJob, Wait]] = []
     waited: dict[tuple[object, ...], Wait] = {}
     for job, before in jobs:
@@ -152,9 +154,9 @@ def _pass(
         if before is not None and not falls:
             waits.append((job, before))  # nothing new to try: its first-pass why stands
             continue
-        key = (rules_key(job, held), falls)
+        key = (keys[id(job)], falls)
         if key in waited:
-            waits.append((job, before or replace(waited[key], job_id=job.job_id)))
+            waits.append((job, before or Wait(job_id=job.job_id, reason=waited[key].reason)))
             continue
         outcome, placed = _place_or_fall(
             job, list(views.values()), headroom_frac, own=before is None, falls=falls

@@ -109,6 +109,7 @@ class Scheduler:
             on_event=self.on_event,
         )
         self._suites: dict[str, tuple[float, SuiteRow]] = {}
+        self._rows: dict[tuple[object, ...], JobRow] = {}  # last tick's candidates, by their columns
         self._term_sent: dict[int, float] = {}
         self.last_snapshot: list[GpuState] = []
 
@@ -263,10 +264,11 @@ class Scheduler:
         queued = self._candidates(now)
         if not queued:
             return
-        on_slurm = [j for j in queued if self._backend(j) == "slurm"]
+        backends = {s: self._backend(s) for s in {j.suite for j in queued}}  # once per suite, not per job
+        on_slurm = [j for j in queued if backends[j.suite] == "slurm"]
         if on_slurm:
             self._place_on_slurm(on_slurm, live, now, report)
-            queued = [j for j in queued if self._backend(j) != "slurm"]
+            queued = [j for j in queued if backends[j.suite] != "slurm"]
             if not queued:
                 return
         host_wait = self.memory.host_wait(now)
@@ -352,8 +354,8 @@ class Scheduler:
             suffix = f"; GPU {held[0]} is kept free for it" if held else ""
             waits[job_id] = f"{note}; {why}{suffix}" if note else f"{why}{suffix}"
 
-    def _backend(self, job: JobRow) -> str | None:
-        suite = self._suite(job.suite)
+    def _backend(self, suite_name: str) -> str | None:
+        suite = self._suite(suite_name)
         return suite.backend if suite else None
 
     def _place_on_slurm(
@@ -384,7 +386,13 @@ class Scheduler:
             " ORDER BY priority DESC, seq LIMIT ?",
             (now, self.settings.candidates),
         ).fetchall()
-        return [JobRow.from_row(r) for r in rows]
+        # a row whose every column is as last tick reuses last tick's (immutable) JobRow: a long
+        # queue that nothing changed costs no decoding
+        old, self._rows = self._rows, {}
+        for r in rows:
+            cols = tuple(r)
+            self._rows[cols] = old.get(cols) or JobRow.from_row(r)
+        return list(self._rows.values())
 
     def _views(
         self, live: list[AttemptRow], gpus: list[GpuState], att: memory.Attribution, now: float

@@ -265,3 +265,44 @@ def test_spawned_children_that_ended_are_reaped_by_the_next_spawn() -> None:
     assert not any(p.pid in proc._children for p in first)
     assert all(p.returncode == 0 for p in first)  # waited for: no zombies left
     last.wait()
+
+
+def test_a_full_queue_that_nothing_starves_costs_pack_no_new_view(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """demands() gives each job its slower tiers once per kind; pack() then keeps every view
+    that is not starved as it is (at 1,000 queued it rebuilt ~800 views a tick)."""
+    from gpusched import memory, memwatch
+    from gpusched.model import GpuPlan
+    from gpusched.placement import DEFAULT_HEADROOM_FRAC
+    from tests.unit.test_scheduler import World, make_suite
+
+    world = World(tmp_path, GpuPlan(gpus=(0, 1), slots=(1, 1)), gpus="2x24GiB")
+    world.submit(make_suite(tmp_path, n=20))
+    world.tick()
+    queued = [j for j in world.store.jobs() if j.state.value == "queued"]
+    gpus = world.sched.probe.snapshot()
+    rooms = memory.rooms(gpus, {}, DEFAULT_HEADROOM_FRAC)
+    demand = memwatch.demands(
+        world.store, queued, world.sched._suite, gpus, rooms, headroom_frac=DEFAULT_HEADROOM_FRAC
+    )
+    assert len(demand) == 18 and all(d.view.fallback for d in demand.values())
+    packed = memwatch.pack(demand, {}, after_s=600)
+    assert all(packed[j] is d for j, d in demand.items())
+    starved = next(iter(demand))
+    assert memwatch.pack(demand, {starved: 600.0}, after_s=600)[starved].view.pack_now
+
+
+def test_candidates_reuse_a_row_only_while_every_column_is_the_same(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from gpusched.model import GpuPlan
+    from tests.unit.test_scheduler import World, make_suite
+
+    world = World(tmp_path, GpuPlan(gpus=(0,), slots=(1,)), gpus="1x24GiB")
+    world.submit(make_suite(tmp_path, n=4))
+    world.tick()
+    first = {j.id: j for j in world.sched._candidates(world.now)}
+    again = {j.id: j for j in world.sched._candidates(world.now)}
+    assert len(first) == 3 and all(again[j] is first[j] for j in first)  # nothing changed: not decoded again
+    changed = next(iter(first))
+    world.store.set_waits({changed: "a new reason"})
+    third = {j.id: j for j in world.sched._candidates(world.now)}
+    assert third[changed] is not first[changed] and third[changed].wait_reason == "a new reason"
+    assert all(third[j] is first[j] for j in first if j != changed)
