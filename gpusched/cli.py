@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
     from gpusched.attempt import AttemptPaths
     from gpusched.gpus import Probe
     from gpusched.home import Home
-    from gpusched.model import GpuPlan, GpuState, Suite
+    from gpusched.model import GpuPlan, Suite
     from gpusched.store import JobRow, Store
 
 
@@ -317,24 +317,9 @@ def _print_dry_run(suite: Suite, gplan: GpuPlan, backend: str, as_json: bool) ->
 
 
 def _status_doc(args: argparse.Namespace, store: Store, table_rows: int | None = None) -> dict[str, Any]:
-    from gpusched.views import status_doc
-
-    gpus, inputs = _status_inputs(args)
-    return status_doc(store, gpus, **inputs, suite=args.suite, table_rows=table_rows)
-
-
-def _status_json(args: argparse.Namespace, store: Store) -> str:
-    from gpusched.views import status_json
-
-    gpus, inputs = _status_inputs(args)
-    return status_json(store, gpus, **inputs, suite=args.suite)
-
-
-def _status_inputs(args: argparse.Namespace) -> tuple[list[GpuState], dict[str, Any]]:
-    """The GPUs to show and the rest of status's inputs: the daemon's info, the probe's notice,
-    the Slurm details."""
     from gpusched import daemon
     from gpusched.gpus import published
+    from gpusched.views import status_doc
 
     home = _home()
     info = daemon.info(home)
@@ -344,7 +329,9 @@ def _status_inputs(args: argparse.Namespace) -> tuple[list[GpuState], dict[str, 
         probe = _probe(_daemon_probe_spec(info))
         seen = probe.snapshot(), probe.notice()
     gpus, notice = seen
-    return gpus, {"daemon": info, "notice": notice, "details": _add_slurm_details}
+    doc = status_doc(store, gpus, daemon=info, suite=args.suite, notice=notice, table_rows=table_rows)
+    _add_slurm_details(doc)
+    return doc
 
 
 @functools.cache
@@ -355,9 +342,9 @@ def _probe(spec: str | None) -> Probe:
     return make_probe(spec)
 
 
-def _add_slurm_details(jobs: list[dict[str, Any]]) -> None:
+def _add_slurm_details(doc: dict[str, Any]) -> None:
     """Slurm job id, node and Slurm state of unfinished Slurm attempts (one batched query)."""
-    jobs = [j for j in jobs if (j.get("backend_handle") or {}).get("slurm_job_id")]
+    jobs = [j for j in doc["jobs"] if (j.get("backend_handle") or {}).get("slurm_job_id")]
     if not jobs:
         return
     from gpusched.executors.slurm import SlurmExecutor
@@ -384,10 +371,7 @@ def _daemon_probe_spec(info: dict[str, Any] | None) -> str | None:
 def cmd_status(args: argparse.Namespace) -> int:
     store = _store(readonly=True)
     if args.json:
-        out = sys.stdout.buffer  # 4 MB for 10k jobs: written as it is, not through the text layer
-        out.write(_status_json(args, store).encode())
-        out.write(b"\n")
-        out.flush()
+        print(json.dumps(_status_doc(args, store), default=str))
         return 0
     from gpusched.views import MAX_TABLE_JOBS, format_status
 

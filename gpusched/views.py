@@ -1,23 +1,19 @@
 """What ``status`` shows: one plain document (stable JSON keys) and its text rendering.
 
 ``status_doc`` is plain data built from the store and a probe snapshot, straight from SQLite
-rows (:meth:`Store.job_views`). ``status_json`` is the same document as JSON text for
-``status --json``, which lists every job: SQLite writes most of each job's entry, so 10k jobs
-(4 MB) cost no Python object per field. ``format_status`` turns the document into boxed
-tables with plain string formatting, no rich: a ``status`` costs little more than the
-interpreter's start.
+rows (:meth:`Store.job_views`): ``status --json`` lists every job, 10k of them in tens of
+milliseconds. ``format_status`` turns it into boxed tables with plain string formatting, no
+rich: a ``status`` costs little more than the interpreter's start.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import time
 import unicodedata
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from itertools import chain, compress, repeat
+from collections.abc import Sequence
 from typing import Any
 
 from gpusched import memory, memwatch
@@ -45,16 +41,14 @@ def status_doc(
     trees: memwatch.TreesFn | None = None,
     host: memory.HostMemory | None = None,
     table_rows: int | None = None,
-    details: Details | None = None,
 ) -> dict[str, Any]:
     """The whole status as plain data. Keys of ``gpus`` and ``jobs`` entries are stable.
     ``jobs`` lists every job in submission order, or with ``table_rows`` only that many, the
     ones the table shows first (running, failed, queued, cancelled, succeeded; at most
     ``table_rows`` read per state): then the cost does not grow with the store. ``trees``
-    and ``host`` replace the real process table and host RAM (tests); ``details`` adds to
-    the entries of Slurm jobs."""
+    and ``host`` replace the real process table and host RAM (tests)."""
     now = time.time() if now is None else now
-    doc, suites = _head(store, gpus, daemon, suite, notice, now, trees, host)
+    suites = {s.name: s for s in store.suites()}
     if table_rows is None:
         rows = store.job_views(suite=suite, limit=job_limit)
     else:
@@ -62,64 +56,6 @@ def status_doc(
         for state in TABLE_ORDER:
             if len(rows) < table_rows:
                 rows += store.job_views(suite=suite, state=state, limit=table_rows - len(rows))
-    jdocs = job_docs(rows, suites, now=now)
-    _queued_predictions(store, rows, jdocs, suites, gpus)
-    if details is not None:
-        details([j for j in jdocs if (j["backend_handle"] or {}).get("slurm_job_id")])
-    return {**doc, "jobs": jdocs}
-
-
-#: Adds keys to the ``jobs`` entries of Slurm jobs it is given (``cli`` asks Slurm for their
-#: Slurm state and node: ``slurm``).
-Details = Callable[[list[dict[str, Any]]], None]
-
-
-def status_json(
-    store: Store,
-    gpus: list[GpuState],
-    *,
-    daemon: dict[str, Any] | None,
-    suite: str | None = None,
-    notice: str | None = None,
-    now: float | None = None,
-    trees: memwatch.TreesFn | None = None,
-    host: memory.HostMemory | None = None,
-    details: Details | None = None,
-) -> str:
-    """``status --json``: :func:`status_doc` as compact JSON text, every job listed. SQLite
-    writes most of each job's entry (:func:`jobs_json`), so 10k jobs cost no Python object
-    per field; where SQLite has no JSON functions, ``json.dumps(status_doc(...))``."""
-    now = time.time() if now is None else now
-    if not _has_json(store):
-        doc = status_doc(
-            store,
-            gpus,
-            daemon=daemon,
-            suite=suite,
-            notice=notice,
-            now=now,
-            trees=trees,
-            host=host,
-            details=details,
-        )
-        return json.dumps(doc, separators=(",", ":"), default=str)
-    doc, suites = _head(store, gpus, daemon, suite, notice, now, trees, host)
-    head = json.dumps(doc, separators=(",", ":"), default=str)
-    return f'{head[:-1]},"jobs":{jobs_json(store, suites, gpus, suite=suite, now=now, details=details)}}}'
-
-
-def _head(
-    store: Store,
-    gpus: list[GpuState],
-    daemon: dict[str, Any] | None,
-    suite: str | None,
-    notice: str | None,
-    now: float,
-    trees: memwatch.TreesFn | None,
-    host: memory.HostMemory | None,
-) -> tuple[dict[str, Any], dict[str, SuiteRow]]:
-    """The status document but its ``jobs`` (its last key), and the suites by name."""
-    suites = {s.name: s for s in store.suites()}
     live = store.live_attempts()
     running_on = Counter(a.gpu for a in live if a.gpu is not None)
     active = store.active_suites(suite=suite) or set(suites)
@@ -151,15 +87,17 @@ def _head(
                 ],
             }
         )
-    doc = {
+    jdocs = job_docs(rows, suites, now=now)
+    _queued_predictions(store, rows, jdocs, suites, gpus)
+    return {
         "daemon": daemon,
         "notice": notice,
         "counts": store.counts(suite=suite),
         "draining": bool(store.flag("draining")),
         "host": host_doc(store, host, now=now),
         "gpus": gdocs,
+        "jobs": jdocs,
     }
-    return doc, suites
 
 
 def job_docs(
@@ -201,6 +139,7 @@ def job_docs(
             "suite": suite,
             "name": name,
             "state": state,
+            "tier": names[min(tier, len(names) - 1)] if names else str(tier),
             "tier_index": tier,
             "attempt": attempts,
             "gpu": gpu,
@@ -208,20 +147,23 @@ def job_docs(
             "reason": wait_reason if state == "queued" and wait_reason else reason,
             "line": line,
             "log": None if adir is None else os.path.join(adir, "output.log"),  # AttemptPaths.output
-            "peak_mib": peak_mib,
-            "backend_handle": json.loads(handle) if handle else None,
-            "cancel_requested": bool(cancel_requested),
-            "tier": names[min(tier, len(names) - 1)] if names else str(tier),
-            "tiers": len(names) if names else 1,
             "runtime_s": runtime_s,
             "started_at": started_at,
             "ended_at": ended_at,
             "predicted_mib": predicted_mib,
             "prediction_source": prediction_source,
-            "start_tier": None,
+            "peak_mib": peak_mib,
+            "cancel_requested": bool(cancel_requested),
+            "backend_handle": json.loads(handle) if handle else None,
         }
         if with_line and state == "running" and adir is not None:
-            doc["last_line"] = _last_line(adir)
+            from pathlib import Path
+
+            from gpusched.attempt import AttemptPaths
+
+            doc["last_line"] = AttemptPaths(Path(adir)).last_line()[:200]
+        doc["tiers"] = len(names) if names else 1
+        doc["start_tier"] = None
         out.append(doc)
     return out
 
@@ -274,161 +216,20 @@ def _queued_predictions(
         kind = (suite, task, tier) if attempts == 0 else job_id
         stand_in.setdefault(kind, job_id)
         kinds.append((doc, kind))
-    shown = predictions(store, list(stand_in.values()), suites, gpus)
+    if not kinds:
+        return
+    jobs = [j for j in map(store.job, stand_in.values()) if j is not None]
+    empty = memory.rooms(gpus, {}, DEFAULT_HEADROOM_FRAC)
+    demand = memwatch.demands(store, jobs, suites.get, gpus, empty, headroom_frac=DEFAULT_HEADROOM_FRAC)
+    shown: dict[
+        str, tuple[int | None, str, str]
+    ] = {}  # job asked about -> prediction, its source, start tier
+    for job_id, dm in demand.items():
+        pred = dm.prediction()
+        shown[job_id] = (pred.mib, pred.source, dm.view.tiers[dm.view.tier].name)
     for doc, kind in kinds:
         if stand_in[kind] in shown:
             doc["predicted_mib"], doc["prediction_source"], doc["start_tier"] = shown[stand_in[kind]]
-
-
-def predictions(
-    store: Store, job_ids: list[str], suites: dict[str, SuiteRow], gpus: list[GpuState]
-) -> dict[str, tuple[int | None, str, str]]:
-    """job id -> (predicted peak MiB, its source, start tier) the scheduler would place the
-    queued job with on empty cards (:func:`memwatch.demands`)."""
-    if not job_ids:
-        return {}
-    jobs = [j for j in map(store.job, job_ids) if j is not None]
-    empty = memory.rooms(gpus, {}, DEFAULT_HEADROOM_FRAC)
-    demand = memwatch.demands(store, jobs, suites.get, gpus, empty, headroom_frac=DEFAULT_HEADROOM_FRAC)
-    out = {}
-    for job_id, dm in demand.items():
-        pred = dm.prediction()
-        out[job_id] = (pred.mib, pred.source, dm.view.tiers[dm.view.tier].name)
-    return out
-
-
-# --------------------------------------------------------------------------- --json
-
-#: What :func:`jobs_json` reads of each job, in submission order: the part of its entry that
-#: SQLite writes (``json_object`` escapes strings as ``json.dumps`` does, but writes non-ASCII
-#: characters as they are), then what Python makes the other keys (:data:`ADDED_KEYS`) of.
-#: Python writes the floats: SQLite writes 15 significant digits, a timestamp has 17.
-_JOBS_SQL = """
-SELECT
-    rtrim(json_object(  -- left open: its last value is true or false, so only its "}" goes
-        'id', j.id, 'suite', j.suite, 'name', j.name, 'state', j.state, 'tier_index', j.tier,
-        'attempt', j.attempts, 'gpu', a.gpu, 'outcome', j.outcome,
-        'reason', CASE WHEN j.state = 'queued' AND j.wait_reason <> '' THEN j.wait_reason ELSE j.reason END,
-        'line', j.line, 'log', a.dir || '/output.log', 'peak_mib', a.peak_mib,
-        'backend_handle', json(a.handle),
-        'cancel_requested', json(CASE WHEN j.cancel_requested THEN 'true' ELSE 'false' END)
-    ), '}'),
-    j.suite, j.tier,
-    CASE WHEN a.started_at AND j.state <> 'queued'
-        THEN COALESCE(NULLIF(a.ended_at, 0), :now) - a.started_at END,  -- runtime_s, not rounded
-    a.started_at, j.ended_at, a.predicted_mib, a.prediction_source,
-    CASE WHEN j.state = 'queued' THEN CASE WHEN j.attempts = 0  -- its kind (see _queued_predictions)
-        THEN json_array(j.suite, j.task, j.tier) ELSE j.id END END,  -- (no job id is a JSON array)
-    j.id,
-    CASE WHEN j.state = 'running' THEN a.dir END,
-    instr(a.handle, '"slurm_job_id"')  -- a Slurm job's
-FROM jobs j LEFT JOIN attempts a
-    ON a.job_id = j.id AND a.n = (SELECT MAX(n) FROM attempts WHERE job_id = j.id)
-WHERE :suite IS NULL OR j.suite = :suite
-ORDER BY j.seq
-"""
-
-#: The keys :func:`jobs_json` adds after SQLite's part of an entry, in order.
-ADDED_KEYS = (
-    "tier", "tiers", "runtime_s", "started_at", "ended_at", "predicted_mib", "prediction_source",
-    "start_tier",
-)  # fmt: skip
-
-
-def jobs_json(
-    store: Store,
-    suites: dict[str, SuiteRow],
-    gpus: list[GpuState],
-    *,
-    suite: str | None,
-    now: float,
-    details: Details | None = None,
-) -> str:
-    """The ``jobs`` of :func:`status_doc` as compact JSON text, from one query
-    (:data:`_JOBS_SQL`): SQLite writes most of each entry; Python writes the rest from a few
-    lookups (tier names by suite and tier, predictions by kind of queued job) and one call of
-    the JSON encoder (:func:`_cells_json`), and joins the parts once. A Python object per
-    job and column read, none per field written: 10k jobs take a fraction of what building
-    their dicts and ``json.dumps`` take."""
-    cur = store.db.cursor()
-    cur.row_factory = None
-    rows = cur.execute(_JOBS_SQL, {"now": now, "suite": suite}).fetchall()
-    if not rows:
-        return "[]"
-    (entry, suite_of, tier, elapsed, started_at, ended_at, mib, source, kind, job_id, running_dir,
-     is_slurm) = zip(*rows, strict=True)  # fmt: skip
-    names = {name: [t.name for t in s.suite.tiers] for name, s in suites.items()}
-    tier_name = {}  # (suite, tier index) -> the tier's name as JSON, as job_docs names it
-    for s, t in set(zip(suite_of, tier, strict=True)):
-        known = names.get(s)
-        tier_name[(s, t)] = json.dumps(known[min(t, len(known) - 1)] if known else str(t))
-    tiers = {s: str(len(names[s]) if names.get(s) else 1) for s in set(suite_of)}
-    stand_in = dict(zip(kind, job_id, strict=True))  # kind -> one of its jobs: they share a prediction
-    stand_in.pop(None, None)
-    shown = predictions(store, list(stand_in.values()), suites, gpus)
-    by_kind = {k: shown[j] for k, j in stand_in.items() if j in shown}  # -> (mib, source, start tier)
-    placed_with = zip(mib, source, repeat(None))  # what a job that is not queued shows
-    predicted, prediction_source, start_tier = zip(*map(by_kind.get, kind, placed_with), strict=True)
-    n = len(rows)
-    runtime = [None if e is None else round(e, 1) for e in elapsed]
-    cells = _cells_json([*runtime, *started_at, *ended_at, *predicted, *prediction_source, *start_tier])
-    added = [  # per key of ADDED_KEYS, each entry's value as JSON
-        list(map(tier_name.__getitem__, zip(suite_of, tier, strict=True))),
-        list(map(tiers.__getitem__, suite_of)),
-        *(cells[k * n : (k + 1) * n] for k in range(len(ADDED_KEYS) - 2)),
-    ]
-    extras = [""] * n  # keys some entries have: running jobs' last_line, Slurm jobs' slurm
-    for i in compress(range(n), running_dir):
-        extras[i] = f',"last_line":{json.dumps(_last_line(running_dir[i]))}'
-    slurm = list(compress(range(n), is_slurm))
-    if details is not None and slurm:  # the entries as status_doc has them, to add to
-        docs = [json.loads(entry[i] + _added(added, i) + extras[i] + "}") for i in slurm]
-        had = [set(d) for d in docs]
-        details(docs)
-        for i, d, keys in zip(slurm, docs, had, strict=True):
-            extras[i] += "".join(
-                f",{json.dumps(k)}:{json.dumps(d[k], default=str)}" for k in d if k not in keys
-            )
-    parts: list[Iterable[str]] = [entry]
-    for key, values in zip(ADDED_KEYS, added, strict=True):
-        parts += [repeat(f",{json.dumps(key)}:"), values]
-    parts += [extras, repeat("},")]
-    return f"[{''.join(chain.from_iterable(zip(*parts, strict=False)))[:-1]}]"  # repeat() never ends
-
-
-def _added(added: list[list[str]], i: int) -> str:
-    """Row ``i``'s keys that :func:`jobs_json` adds, as JSON text."""
-    return "".join(f",{json.dumps(key)}:{values[i]}" for key, values in zip(ADDED_KEYS, added, strict=True))
-
-
-#: Encodes a list with a NUL between its items: see :func:`_cells_json`.
-_CELLS = json.JSONEncoder(separators=("\0", ":"), check_circular=False)
-
-
-def _cells_json(values: list[Any]) -> list[str]:
-    """``[json.dumps(v) for v in values]`` for values that are str, int, float, bool or None,
-    in one call of the C encoder: it writes the list with a NUL between the items, and no
-    item's JSON holds a NUL (a string's control characters are escaped), so splitting on it
-    gives each item's."""
-    return _CELLS.encode(values)[1:-1].split("\0") if values else []
-
-
-def _has_json(store: Store) -> bool:
-    """Whether this SQLite has its JSON functions (built in since 3.38, an option before)."""
-    try:
-        store.db.execute("SELECT json_quote(1)")
-    except sqlite3.OperationalError:
-        return False
-    return True
-
-
-def _last_line(adir: str) -> str:
-    """The last line of an attempt's log, for the status (at most 200 characters)."""
-    from pathlib import Path
-
-    from gpusched.attempt import AttemptPaths
-
-    return AttemptPaths(Path(adir)).last_line()[:200]
 
 
 def host_doc(store: Store, host: memory.HostMemory | None, *, now: float) -> dict[str, Any]:

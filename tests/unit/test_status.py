@@ -17,7 +17,7 @@ from gpusched import memwatch
 from gpusched.attempt import AttemptPaths
 from gpusched.model import GpuPlan, JobSpec, Suite
 from gpusched.placement import DEFAULT_HEADROOM_FRAC
-from gpusched.views import _wrap, format_status, status_doc, status_json
+from gpusched.views import _wrap, format_status
 from tests.unit.test_memory_scheduler import GIB, TIERS, Box, oom_tail
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -105,43 +105,6 @@ def test_queued_jobs_get_the_prediction_demands_gives_each_of_them(tmp_path: Pat
         ), job_id
 
 
-def test_status_json_is_status_doc_however_it_is_written(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``status --json`` writes each job's entry mostly in SQLite (and without its JSON
-    functions, with json.dumps): the same document as status_doc, key for key and in order,
-    floats to the last digit, Slurm details and --suite included."""
-    from gpusched import views
-
-    box = busy_box(tmp_path)
-    with box.store.tx():  # a Slurm job, a cancel under way, a wait reason, a name json must escape
-        box.store.db.execute(
-            "UPDATE attempts SET handle = ? WHERE job_id = 'E1/0-qnli'", (json.dumps({"slurm_job_id": "42"}),)
-        )
-        box.store.db.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = 'E1/2-rte'")
-        box.store.db.execute(
-            "UPDATE jobs SET wait_reason = 'no room: \"GPU 0\"\tfull é' WHERE id = 'E1/3-rte'"
-        )
-
-    def details(jobs: list[dict]) -> None:  # type: ignore[type-arg]
-        for j in jobs:
-            j["slurm"] = {"job_id": j["backend_handle"]["slurm_job_id"], "state": "COMPLETED"}
-
-    gpus = box.probe.snapshot()
-    kw = {"daemon": None, "now": box.now, "trees": box._trees, "host": box.host, "details": details}
-    for suite in ("other", "E1", None):
-        want = status_doc(box.store, gpus, suite=suite, **kw)  # type: ignore[arg-type]
-        got = json.loads(status_json(box.store, gpus, suite=suite, **kw))  # type: ignore[arg-type]
-        assert got == json.loads(json.dumps(want)) and len(got["jobs"]) == (0 if suite == "other" else 18)
-        assert [list(j) for j in got["jobs"]] == [list(j) for j in want["jobs"]]
-    jobs = {j["id"]: j for j in got["jobs"]}
-    assert jobs["E1/0-qnli"]["slurm"]["state"] == "COMPLETED" and jobs["E1/2-rte"]["cancel_requested"]
-    assert jobs["E1/3-rte"]["reason"].endswith("é") and any("last_line" in j for j in got["jobs"])
-    monkeypatch.setattr(views, "_has_json", lambda store: False)  # an SQLite built without JSON
-    want = status_doc(box.store, gpus, **kw)  # type: ignore[arg-type]
-    assert json.loads(status_json(box.store, gpus, **kw)) == json.loads(json.dumps(want))  # type: ignore[arg-type]
-
-
 def test_the_table_fits_the_terminal_and_keeps_every_word(tmp_path: Path) -> None:
     box = busy_box(tmp_path)
     doc = box.status()
@@ -178,7 +141,7 @@ def test_status_loads_no_heavy_module(tmp_path: Path) -> None:
         [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 0, r.stderr
-    assert "Jobs (18)" in r.stdout and '"jobs":[' in r.stdout
+    assert "Jobs (18)" in r.stdout and '"jobs": [' in r.stdout
     assert r.stdout.splitlines()[-1] == "LOADED []"
 
 
