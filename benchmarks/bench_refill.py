@@ -1,13 +1,14 @@
-"""Slot refill latency: from a job's end (when its wrapper wrote exit.json) to the start of the
-next job on the same slot (when the next wrapper wrote its pid file), p50 / p99 / max.
+"""Slot refill latency: from a job's end to the start of the next job on the same slot, as the
+jobs themselves see it (each records the clock as its first and last act), p50 / p99 / max.
 
     python benchmarks/bench_refill.py [--jobs 500] [--slots 16] [--sleep 0.5-1.4] [--backend subprocess,tmux]
 
 Each backend gets its own private home and daemon: ``--slots`` fake GPUs with one slot each,
 jobs that sleep 0.5-1.4 s (ten durations, so that ends do not all coincide; about 17 ends a
 second on 16 slots, a latency test, not a throughput one), started by the real CLI. The gap
-is what the event-driven design is about: the wrapper pokes the daemon's FIFO, the daemon
-wakes, reaps, places and launches; no polling interval is involved.
+is what the event-driven design is about: the wrapper writes exit.json and pokes the daemon's
+FIFO, the daemon wakes, reaps, places and launches, the next wrapper starts its job; no
+polling interval is involved, and every step of it is inside the gap.
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import Sandbox, machine, percentile, sandbox, table
 
-from gpusched.attempt import AttemptPaths
-
 
 def sleeps(spec: str) -> list[float]:
     """``"0.5-1.4"`` -> ten durations from 0.5 to 1.4 s."""
@@ -32,16 +31,22 @@ def sleeps(spec: str) -> list[float]:
     return [round(lo + (hi - lo) * k / 9, 2) for k in range(10)]
 
 
+#: Each job writes the clock (ns) into its attempt directory when it starts and as it ends.
+COMMAND = (
+    ': {config}; date +%s%N > "$GPUSCHED_ATTEMPT_DIR/t0"; sleep $BENCH_SLEEP; '
+    'date +%s%N > "$GPUSCHED_ATTEMPT_DIR/t1"'
+)
+
+
 def gaps(sb: Sandbox) -> list[float]:
-    """Seconds between each attempt's end and the next start on its GPU (one slot per GPU)."""
+    """Seconds between each job's end and the next job's start on its GPU (one slot per GPU)."""
     db = sqlite3.connect(f"file:{sb.db}?mode=ro", uri=True)
     rows = db.execute("SELECT gpu, dir FROM attempts WHERE state = 'exited'").fetchall()
     db.close()
     by_gpu: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for gpu, d in rows:
-        rec = AttemptPaths(Path(d)).read_exit()  # times: the files' mtimes (the kernel's clock)
-        assert rec is not None and rec.started_at is not None and rec.ended_at is not None, d
-        by_gpu[gpu].append((rec.started_at, rec.ended_at))
+        t0, t1 = (int((Path(d) / name).read_text()) / 1e9 for name in ("t0", "t1"))
+        by_gpu[gpu].append((t0, t1))
     out = []
     for spans in by_gpu.values():
         spans.sort()
@@ -51,7 +56,7 @@ def gaps(sb: Sandbox) -> list[float]:
 
 def run(backend: str, n: int, slots: int, durations: list[float]) -> list[float]:
     with sandbox() as sb:
-        sb.write_plan("refill", n, command=": {config}; sleep $BENCH_SLEEP", sleeps=durations)
+        sb.write_plan("refill", n, command=COMMAND, sleeps=durations)
         env = sb.env(GPUSCHED_FAKE_GPUS=f"{slots}x24GiB")
         plan = ",".join("1" * slots)
         sb.cli("submit", "--suite", "refill", "--gpu-plan", plan, "--backend", backend, env=env)
