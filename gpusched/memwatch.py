@@ -224,12 +224,22 @@ def demands(
     times: dict[tuple[str, str, str, int], predict.Duration] = {}
     starts: dict[tuple[str, str, str, int], memory.Start] = {}
     falls: dict[tuple[str, str, str, int], tuple[tuple[int, int | None], ...]] = {}
+    kinds: dict[tuple[str, str, str, int], Demand] = {}  # by (*key, the job's own tier): demanded alike
     out: dict[str, Demand] = {}
     for job in jobs:
         suite = suites.get(job.suite)
         if suite is None:
             continue
         key = (job.suite, job.task, job.id if job.id in mine.get(job.task, ()) else "")
+        made = kinds.get((*key, job.tier))
+        if made is not None:  # a job like one before: its view is that one's with its own id and order
+            out[job.id] = Demand(
+                view=_like(made.view, job),
+                predictions=made.predictions,
+                note=made.note,
+                duration=made.duration,
+            )
+            continue
         if key not in memo:
             memo[key] = _predictions(
                 job,
@@ -257,8 +267,20 @@ def demands(
         if (*key, start.tier) not in falls:  # one tuple per kind, so pack() replaces no view
             falls[(*key, start.tier)] = slower_tiers(memo[key], start.tier, suite.suite.tiers)
         fall = falls[(*key, start.tier)]
-        out[job.id] = _demand(job, suite, cards[job.suite], memo[key], start, duration, fall)
+        out[job.id] = kinds[(*key, job.tier)] = _demand(
+            job, suite, cards[job.suite], memo[key], start, duration, fall
+        )
     return out
+
+
+def _like(view: placement.QueuedJob, job: JobRow) -> placement.QueuedJob:
+    """``replace(view, job_id=..., seq=..., priority=..., avoid_gpu=...)`` of ``job``, without
+    the dataclass's generated ``__init__`` (a long queue builds one view per job every tick)."""
+    like = object.__new__(placement.QueuedJob)
+    like.__dict__.update(
+        view.__dict__, job_id=job.id, seq=job.seq, priority=job.priority, avoid_gpu=job.avoid_gpu
+    )
+    return like
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ passed in, so the same code runs against tmux, plain processes, Slurm or fakes.
 from __future__ import annotations
 
 import logging
+import math
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -109,7 +110,9 @@ class Scheduler:
             on_event=self.on_event,
         )
         self._suites: dict[str, tuple[float, SuiteRow]] = {}
-        self._rows: dict[tuple[object, ...], JobRow] = {}  # last tick's candidates, by their columns
+        self._rows: dict[tuple[object, ...], JobRow] = {}  # the candidates last read, by their columns
+        self._queue_version: tuple[int, int] | None = None  # the database they were read from
+        self._queue_span = (math.inf, -math.inf)  # ... valid for these times (no not_before within)
         self._term_sent: dict[int, float] = {}
         self.last_snapshot: list[GpuState] = []
 
@@ -381,13 +384,24 @@ class Scheduler:
         self.store.set_waits(waits)
 
     def _candidates(self, now: float) -> list[JobRow]:
-        rows = self.store.db.execute(
+        """The first ``candidates`` queued jobs that may start at ``now``. Read again only when
+        the database changed (a commit by another connection moves ``data_version``, one by ours
+        ``total_changes``) or ``now`` left the span in which no ``not_before`` falls."""
+        db = self.store.db
+        version = (db.execute("PRAGMA data_version").fetchone()[0], db.total_changes)
+        since, until = self._queue_span
+        if version == self._queue_version and since <= now < until:
+            return list(self._rows.values())
+        rows = db.execute(
             "SELECT * FROM jobs WHERE state = 'queued' AND (not_before IS NULL OR not_before <= ?)"
             " ORDER BY priority DESC, seq LIMIT ?",
             (now, self.settings.candidates),
         ).fetchall()
-        # a row whose every column is as last tick reuses last tick's (immutable) JobRow: a long
-        # queue that nothing changed costs no decoding
+        (later,) = db.execute(
+            "SELECT MIN(not_before) FROM jobs WHERE state = 'queued' AND not_before > ?", (now,)
+        ).fetchone()
+        self._queue_version, self._queue_span = version, (now, math.inf if later is None else later)
+        # a row whose every column is as last read reuses its (immutable) JobRow: no decoding
         old, self._rows = self._rows, {}
         for r in rows:
             cols = tuple(r)

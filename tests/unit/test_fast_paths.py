@@ -306,3 +306,76 @@ def test_candidates_reuse_a_row_only_while_every_column_is_the_same(tmp_path) ->
     third = {j.id: j for j in world.sched._candidates(world.now)}
     assert third[changed] is not first[changed] and third[changed].wait_reason == "a new reason"
     assert all(third[j] is first[j] for j in first if j != changed)
+
+
+class _CountingDb:
+    """The store's connection, counting the reads of the queue."""
+
+    def __init__(self, db) -> None:  # type: ignore[no-untyped-def]
+        self.db, self.reads = db, 0
+
+    def execute(self, sql, *args):  # type: ignore[no-untyped-def]
+        self.reads += sql.startswith("SELECT * FROM jobs WHERE state = 'queued'")
+        return self.db.execute(sql, *args)
+
+    def __getattr__(self, name):  # type: ignore[no-untyped-def]
+        return getattr(self.db, name)
+
+
+def test_the_queue_is_read_again_only_when_the_database_or_a_not_before_says_so(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An idle tick over a long queue reads no rows; a write by the daemon itself, one by
+    another process and a not_before that the clock passes each make it read them again."""
+    from gpusched.model import GpuPlan
+    from gpusched.store import Store
+    from tests.unit.test_scheduler import World, make_suite
+
+    world = World(tmp_path, GpuPlan(gpus=(0,), slots=(1,)), gpus="1x24GiB")
+    world.submit(make_suite(tmp_path, n=4))
+    world.tick()
+    db = world.store.db = _CountingDb(world.store.db)  # type: ignore[assignment]
+    sched, now = world.sched, world.now
+    first = sched._candidates(now)
+    assert len(first) == 3 and db.reads == 1
+    assert sched._candidates(now + 5) == first and db.reads == 1  # nothing changed: not read
+    world.store.set_waits({first[0].id: "ours"})  # the daemon's own write
+    assert sched._candidates(now + 5)[0].wait_reason == "ours" and db.reads == 2
+    other = Store(tmp_path / "gs.db")  # another process (the CLI)
+    other.db.execute("UPDATE jobs SET not_before = ? WHERE id = ?", (now + 100, first[1].id))
+    other.db.commit()
+    assert [j.id for j in sched._candidates(now + 6)] == [first[0].id, first[2].id] and db.reads == 3
+    assert len(sched._candidates(now + 99)) == 2 and db.reads == 3
+    assert [j.id for j in sched._candidates(now + 100)] == [
+        j.id for j in first
+    ] and db.reads == 4  # its time came
+    assert sched._candidates(now + 7) and db.reads == 5  # the clock went back: read again
+
+
+def test_jobs_of_one_kind_get_the_view_their_own_row_would(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """demands() builds a kind's view once and copies it per job with the job's own id,
+    order and avoided GPU: each must equal the view built for that job alone."""
+    from gpusched import memory, memwatch
+    from gpusched.model import GpuPlan
+    from gpusched.placement import DEFAULT_HEADROOM_FRAC
+    from tests.unit.test_scheduler import World, make_suite
+
+    world = World(tmp_path, GpuPlan(gpus=(0,), slots=(1,)), gpus="1x24GiB")
+    world.submit(make_suite(tmp_path, n=5))
+    world.tick()
+    world.store.db.execute(
+        "UPDATE jobs SET priority = 3, avoid_gpu = 0 WHERE seq = (SELECT MAX(seq) FROM jobs)"
+    )
+    world.store.db.commit()
+    queued = [j for j in world.store.jobs() if j.state.value == "queued"]
+    gpus = world.sched.probe.snapshot()
+    rooms = memory.rooms(gpus, {}, DEFAULT_HEADROOM_FRAC)
+
+    def demand(jobs):  # type: ignore[no-untyped-def]
+        return memwatch.demands(
+            world.store, jobs, world.sched._suite, gpus, rooms, headroom_frac=DEFAULT_HEADROOM_FRAC
+        )
+
+    together = demand(queued)
+    for job in queued:
+        alone = demand([job])[job.id]
+        assert together[job.id] == alone and together[job.id].view.__dict__ == alone.view.__dict__
+    assert together[queued[-1].id].view.priority == 3 and together[queued[-1].id].view.avoid_gpu == 0
