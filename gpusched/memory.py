@@ -321,7 +321,9 @@ def choose_holds(
     ``waiting`` holds the queued jobs (in placement order) with how long each has waited.
     A job that has waited ``hold_after_s`` or more because of memory gets the card it fits
     on when empty (its ``room_mib``) that holds the fewest of our jobs. A current hold is
-    kept while its job still waits and still fits that card; at most ``max_holds``."""
+    kept while its job still waits and still fits that card; at most ``max_holds``. A job that
+    one of its slower tiers (``fallback``) would let onto an emptied card gets none: starved, it
+    takes that tier at its turn, and a card drained for its faster tier idles meanwhile."""
     waits = {j.job_id: (j, s) for j, s in waiting}
     holds: dict[int, str] = {}
     for gpu, job_id in current.items():
@@ -334,8 +336,14 @@ def choose_holds(
         if job.job_id in holds.values() or waited_s < hold_after_s:
             continue
         free = [g for g in views if g.index not in holds]
-        if not memory_bound(job, [replace(g, running=0) for g in free], headroom_frac):
+        emptied = [replace(g, running=0) for g in free]
+        if not memory_bound(job, emptied, headroom_frac):
             continue  # a card has the memory for it now: it waits for a slot, not for memory
+        if any(
+            not memory_bound(replace(job, tier=t, predicted_mib=p, fallback=()), emptied, headroom_frac)
+            for t, p in job.fallback
+        ):
+            continue  # a slower tier has the memory now: it takes that at its turn
         target = _hold_target(job, free, room_mib)
         if target is not None:
             holds[target] = job.job_id

@@ -270,6 +270,31 @@ def demands(
         out[job.id] = kinds[(*key, job.tier)] = _demand(
             job, suite, cards[job.suite], memo[key], start, duration, fall
         )
+    return _chains(out, jobs, cards)
+
+
+def _chains(out: dict[str, Demand], jobs: Sequence[JobRow], cards: Mapping[str, _Cards]) -> dict[str, Demand]:
+    """``out`` with the jobs of a task two of which do not fit one card (at their start tier)
+    given their ``chain_s``: the task's queued run time over the cards its plan allows, the
+    least time it still needs when each card runs one of them at a time. A task such as the
+    26 GiB boolq (~15 GiB at tier B, beside small jobs only) is the night's critical path while
+    that exceeds its jobs' own run time; ordered by run time alone it started after every
+    longer job and made the tail."""
+    work: defaultdict[tuple[str, str], float] = defaultdict(float)
+    solo: list[tuple[str, tuple[str, str]]] = []
+    for job in jobs:
+        d = out.get(job.id)
+        if d is None:
+            continue
+        v, best = d.view, cards[job.suite].best
+        if v.predicted_s and v.predicted_mib and best and 2 * v.predicted_mib > best:
+            work[(job.suite, job.task)] += v.predicted_s
+            solo.append((job.id, (job.suite, job.task)))
+    for job_id, task in solo:
+        d = out[job_id]
+        chain = work[task] / max(1, sum(1 for cap in cards[task[0]].allowed.values() if cap > 0))
+        if chain > (d.view.predicted_s or 0.0):
+            out[job_id] = replace(d, view=replace(d.view, chain_s=chain))
     return out
 
 

@@ -24,7 +24,9 @@ left.
 
 Jobs are served in order of priority (high first), then predicted run time (longest first,
 so that a night does not end on a long job started late; unknown first, as running one is
-how it gets known), then predicted peak (largest first, unknown last), then ``seq`` (FIFO).
+how it gets known; a job's ``chain_s`` counts when longer: its task's queued time over its
+cards, for a task two of whose jobs do not fit one card), then predicted peak (largest first,
+unknown last), then ``seq`` (FIFO).
 A job that cannot go anywhere does not block the jobs after it. Each placement updates the
 views (``running + 1``, ``reserved + predicted``) before the next job is considered.
 
@@ -66,6 +68,9 @@ class QueuedJob:
     # it off every card at its own tier (the second pass of :func:`assign`)
     fallback: tuple[tuple[int, int | None], ...] = ()
     pack_now: bool = False  # memory has kept it waiting long: its fallback tiers are tried at its turn
+    # its task's queued run time over its cards when two of its jobs do not fit one card: the
+    # least time the task still needs; ordered by when it exceeds ``predicted_s``
+    chain_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -237,13 +242,13 @@ def rules_key(job: QueuedJob, held: set[str]) -> tuple[object, ...]:
 
 
 def job_order(job: QueuedJob) -> tuple[int, bool, float, bool, int, int]:
-    """Priority desc, then predicted run time desc (longest first, so that the night does not
-    end on a long job started late; unknown first: running one is how it gets known), then
-    predicted peak desc (unknown last), then seq."""
+    """Priority desc, then predicted run time desc, or ``chain_s`` where longer (longest first,
+    so that the night does not end on a long job started late; unknown first: running one is
+    how it gets known), then predicted peak desc (unknown last), then seq."""
     return (
         -job.priority,
         job.predicted_s is not None,
-        -(job.predicted_s or 0.0),
+        -max(job.predicted_s or 0.0, job.chain_s or 0.0),
         job.predicted_mib is None,
         -(job.predicted_mib or 0),
         job.seq,

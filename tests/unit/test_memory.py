@@ -288,6 +288,43 @@ def test_a_job_memory_kept_waiting_long_gets_a_card_kept_free_and_nothing_else_l
     )
 
 
+def test_no_card_is_kept_free_for_a_job_that_a_slower_tier_lets_onto_one() -> None:
+    """Starved, it takes that tier at its turn; a card drained for its faster tier would idle
+    meanwhile. A job with no such tier still gets its card."""
+    views = [view(0, free=10, running=1), view(1, free=9, running=1)]
+    room = {0: 21 * GIB, 1: 21 * GIB}
+
+    def holds(j: QueuedJob) -> dict[int, str]:
+        return memory.choose_holds(
+            [(j, 3600)], views, room, current={}, hold_after_s=1800, max_holds=1, headroom_frac=0.1
+        )
+
+    assert holds(falls(job(16, name="big"), 6, now=True)) == {}  # 6 GiB at B fits card 0 now
+    assert holds(falls(job(16, name="big"), 12, now=True)) == {0: "big"}  # B does not fit either
+    assert holds(job(16, name="big")) == {0: "big"}
+
+
+def test_a_task_two_of_whose_jobs_fit_no_card_gets_its_queued_time_over_its_cards() -> None:
+    from types import SimpleNamespace
+
+    preds = (Prediction(mib=15 * GIB, source="task"),)
+    cards = {"s": memwatch._Cards(allowed={0: 2, 1: 2, 2: 0}, best=21 * GIB, share=10 * GIB)}
+
+    def demand(name: str, task: str, mib: float, seconds: float) -> memwatch.Demand:
+        v = replace(job(mib, name=name), predicted_s=seconds)
+        return memwatch.Demand(view=v, predictions=preds)
+
+    specs = [("b1", "boolq", 15, 3000), ("b2", "boolq", 15, 3000), ("b3", "boolq", 15, 3000)]
+    specs += [("m1", "mnli", 8, 5400), ("m2", "mnli", 8, 5400), ("m3", "mnli", 8, 5400)]
+    out = {n: demand(n, t, m, s) for n, t, m, s in specs}
+    jobs = [SimpleNamespace(id=n, suite="s", task=t) for n, t, _, _ in specs]
+    chained = memwatch._chains(dict(out), jobs, cards)  # type: ignore[arg-type]
+    assert [chained[n].view.chain_s for n in ("b1", "b2", "b3")] == [4500.0] * 3  # 9000 s over 2 cards
+    assert all(chained[n] is out[n] for n in ("m1", "m2", "m3"))  # two fit a card: no chain
+    few = memwatch._chains({"b1": out["b1"]}, jobs[:1], cards)  # type: ignore[arg-type]
+    assert few["b1"].view.chain_s is None  # 3000 s over 2 cards: its own run is longer
+
+
 def test_unstick_runs_a_job_that_fits_no_empty_card_at_its_last_tier_at_once() -> None:
     views = [view(0, free=20), view(1, free=20)]  # nothing of ours runs
     placed = memory.unstick([job(30, name="j1")], views, headroom_frac=0.1)

@@ -358,6 +358,17 @@ def test_longest_predicted_run_first_then_size_unknown_run_time_first() -> None:
     assert [p.job_id for p in decision.placements] == ["urgent", "never-run"]
 
 
+def test_a_task_that_cannot_share_a_card_goes_by_its_queued_time_over_its_cards_when_longer() -> None:
+    long = job("long", seq=0, predicted=8 * GIB, seconds=5400)
+    solo = replace(job("solo", seq=1, predicted=15 * GIB, seconds=3000), chain_s=7000.0)
+    short_chain = replace(job("short-chain", seq=2, predicted=15 * GIB, seconds=3000), chain_s=2000.0)
+    assert [j.job_id for j in sorted([long, solo, short_chain], key=job_order)] == [
+        "solo",
+        "long",
+        "short-chain",
+    ]
+
+
 def test_each_placement_updates_the_views() -> None:
     jobs = [job(f"j{i}", seq=i, predicted=12 * GIB) for i in range(3)]
     decision = assign(jobs, [gpu(0, free=30, total=80), gpu(1, free=20, total=80)], headroom_frac=0.0)

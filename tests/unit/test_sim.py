@@ -129,9 +129,16 @@ def test_baselines_run_jobs_in_the_order_given_at_the_tier_given() -> None:
     tiers = (Tier(name="A"), Tier(name="B"))
     jobs = [
         QueuedJob(
-            job_id=f"j{i}", seq=i, tier=0, tiers=tiers, allowed={0: 1}, predicted_s=s, fallback=((1, 1),)
+            job_id=f"j{i}",
+            seq=i,
+            tier=0,
+            tiers=tiers,
+            allowed={0: 1},
+            predicted_s=s,
+            chain_s=c,
+            fallback=((1, 1),),
         )
-        for i, s in enumerate([60.0, 7200.0])
+        for i, (s, c) in enumerate([(60.0, None), (60.0, 7200.0)])
     ]
     card = [GpuSlotView(index=0)]
     assert [p.job_id for p in assign(jobs, card).placements] == ["j1"]  # gpusched: longest first
