@@ -274,20 +274,22 @@ def demands(
 
 
 def _chains(out: dict[str, Demand], jobs: Sequence[JobRow], cards: Mapping[str, _Cards]) -> dict[str, Demand]:
-    """``out`` with the jobs of a task two of which do not fit one card (at their start tier)
-    given their ``chain_s``: the task's queued run time over the cards its plan allows, the
-    least time it still needs when each card runs one of them at a time. A task such as the
-    26 GiB boolq (~15 GiB at tier B, beside small jobs only) is the night's critical path while
-    that exceeds its jobs' own run time; ordered by run time alone it started after every
-    longer job and made the tail."""
+    """``out`` with the jobs of a task two of which do not fit one card (at their start tier),
+    on a plan that gives a card several slots, given their ``chain_s``: the task's queued run
+    time over the cards its plan allows, the least time it still needs when each card runs one
+    of them at a time. A task such as the 26 GiB boolq (~15 GiB at tier B, beside small jobs
+    only) is the night's critical path while that exceeds its jobs' own run time; ordered by
+    run time alone it started after every longer job and made the tail."""
     work: defaultdict[tuple[str, str], float] = defaultdict(float)
     solo: list[tuple[str, tuple[str, str]]] = []
     for job in jobs:
         d = out.get(job.id)
         if d is None:
             continue
-        v, best = d.view, cards[job.suite].best
-        if v.predicted_s and v.predicted_mib and best and 2 * v.predicted_mib > best:
+        v, c = d.view, cards[job.suite]
+        if c.share is None:  # no card of its plan takes two jobs: each card runs one at a time anyway
+            continue
+        if v.predicted_s and v.predicted_mib and c.best and 2 * v.predicted_mib > c.best:
             work[(job.suite, job.task)] += v.predicted_s
             solo.append((job.id, (job.suite, job.task)))
     for job_id, task in solo:

@@ -323,6 +323,9 @@ def test_a_task_two_of_whose_jobs_fit_no_card_gets_its_queued_time_over_its_card
     assert all(chained[n] is out[n] for n in ("m1", "m2", "m3"))  # two fit a card: no chain
     few = memwatch._chains({"b1": out["b1"]}, jobs[:1], cards)  # type: ignore[arg-type]
     assert few["b1"].view.chain_s is None  # 3000 s over 2 cards: its own run is longer
+    single = {"s": memwatch._Cards(allowed={0: 1, 1: 1}, best=21 * GIB, share=None)}
+    alone = memwatch._chains(dict(out), jobs, single)  # type: ignore[arg-type]
+    assert all(alone[n] is out[n] for n in out)  # one job per card anyway: nothing to order by
 
 
 def test_unstick_runs_a_job_that_fits_no_empty_card_at_its_last_tier_at_once() -> None:
