@@ -362,8 +362,16 @@ def _table(
         max(_cell_len(t) for t in col) for col in zip(heads, *([t for t, _ in r] for r in rows), strict=True)
     ]
     room = max(len(widths), width - 3 * len(widths) - 1)  # each column has a border and a space each side
-    while sum(widths) > room and max(widths) > 1:  # the widest column gives way first
-        widths[widths.index(max(widths))] -= 1
+    # the widest column gives way first, down to its longest word ("succeeded" is not cut in
+    # two while a long reason can wrap); only when that is not enough are words folded
+    words = [
+        max(max((_cell_len(w) for w in t.split()), default=0) for t in col)
+        for col in zip(heads, *([t for t, _ in r] for r in rows), strict=True)
+    ]
+    while sum(widths) > room and max(widths) > 1:
+        above = [i for i, w in enumerate(widths) if w > words[i]]
+        i = max(above, key=lambda k: widths[k]) if above else widths.index(max(widths))
+        widths[i] -= 1
 
     def line(cells: Sequence[tuple[str, str]], bar: str, *, bottom: bool = False) -> list[str]:
         """One row, as many lines as its tallest cell; cells at the top (``bottom``: at the bottom)."""

@@ -116,6 +116,8 @@ def test_the_table_fits_the_terminal_and_keeps_every_word(tmp_path: Path) -> Non
     wide = format_status(doc, width=200)
     assert "│ E1/0-qnli " in wide and "[ok] a b[31m red word and averyveryvery" in wide
     assert "\x1b[" in format_status(doc, width=100, color=True)
+    # at 82 columns the long reason column gives way before a job id is cut in two
+    assert "│ E1/0-qnli " in format_status(doc, width=82)
     assert _wrap("one two three", 7) == ["one two", "three"]
     assert _wrap("abcdefghij", 4) == ["abcd", "efgh", "ij"]
     assert _wrap("數據集 ok", 4) == ["數據", "集", "ok"]  # wide characters take two columns
