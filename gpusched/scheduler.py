@@ -480,7 +480,10 @@ class Scheduler:
             else:
                 ready.setdefault(b.suite_row.backend, []).append(b)
         for backend, group in ready.items():
-            handles = launch_many(self.executors[backend], [b.request for b in group])
+            try:
+                handles = launch_many(self.executors[backend], [b.request for b in group])
+            except Exception as e:  # the backend itself is missing or broken
+                handles = [e] * len(group)
             started += zip(group, handles, strict=True)
         with self.store.tx():
             for b, handle in started:

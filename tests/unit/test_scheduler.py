@@ -199,3 +199,20 @@ def test_draining_stops_new_launches(world: World, tmp_path: Path) -> None:
     assert world.tick().launched == []
     world.store.set_flag("draining", None)
     assert len(world.tick().launched) == 2
+
+
+def test_a_backend_that_cannot_be_made_fails_the_launch_not_the_tick(tmp_path: Path) -> None:
+    """e.g. tmux missing: the job is requeued with a reason (and retried later), the tick goes on."""
+    from gpusched.errors import ExecutorError
+
+    class Broken(dict):  # type: ignore[type-arg]
+        def __getitem__(self, name: str) -> object:
+            raise ExecutorError("tmux is not on PATH: install it or use --backend subprocess")
+
+    w = World(tmp_path, GpuPlan(gpus=(0, 1), slots=(1, 1)))
+    w.sched = Scheduler(w.store, FakeProbe.from_spec("2x24GiB"), Broken())
+    w.submit(make_suite(tmp_path, n=2))
+    assert w.tick().launched == []
+    for job in w.store.jobs():
+        assert job.state is JobState.QUEUED and "launch failed" in (job.reason or "")
+        assert job.not_before is not None and job.not_before > w.now
