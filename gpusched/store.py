@@ -495,23 +495,6 @@ class Store:
             sql += f" LIMIT {int(limit)}"
         return [JobRow.from_row(r) for r in self.db.execute(sql, args)]
 
-    def jobs_first(self, *, suite: str | None = None, limit: int) -> list[JobRow]:
-        """Up to ``limit`` jobs, those a person looks for first: running, failed, queued,
-        cancelled, then succeeded, in submission order within each state. Reads at most
-        ``limit`` rows per state (an index walk), however many jobs the store holds."""
-        first = (JobState.RUNNING, JobState.FAILED, JobState.QUEUED, JobState.CANCELLED, JobState.SUCCEEDED)
-        out: list[JobRow] = []
-        for state in (*first, *(s for s in JobState if s not in first)):
-            if len(out) >= limit:
-                break
-            sql, args = "SELECT * FROM jobs WHERE state = ?", [state.value]
-            if suite is not None:
-                sql += " AND suite = ?"
-                args.append(suite)
-            rows = self.db.execute(sql + " ORDER BY seq LIMIT ?", [*args, limit - len(out)])
-            out += [JobRow.from_row(r) for r in rows]
-        return out
-
     def job_views(
         self, *, suite: str | None = None, state: str | None = None, limit: int | None = None
     ) -> list[tuple[Any, ...]]:
@@ -564,21 +547,6 @@ class Store:
     def attempts(self, job_id: str) -> list[AttemptRow]:
         q = "SELECT * FROM attempts WHERE job_id = ? ORDER BY n"
         return [AttemptRow.from_row(r) for r in self.db.execute(q, (job_id,))]
-
-    def last_attempts(self, job_ids: Sequence[str]) -> dict[str, AttemptRow]:
-        """The newest attempt of each given job (one indexed query)."""
-        if not job_ids:
-            return {}
-        out: dict[str, AttemptRow] = {}
-        for chunk in _chunks(list(job_ids), 500):
-            q = (
-                "SELECT a.* FROM attempts a JOIN (SELECT job_id, MAX(n) AS n FROM attempts"
-                f" WHERE job_id IN ({','.join('?' * len(chunk))}) GROUP BY job_id) m"
-                " ON a.job_id = m.job_id AND a.n = m.n"
-            )
-            for r in self.db.execute(q, chunk):
-                out[r["job_id"]] = AttemptRow.from_row(r)
-        return out
 
     def live_attempts(self) -> list[AttemptRow]:
         """Attempts launching or running (what holds a slot)."""
