@@ -437,9 +437,15 @@ def cmd_attach(args: argparse.Namespace) -> int:
             f"{job.id} runs with the {a.backend} backend and has no pane: "
             f"use `gpusched logs -f {job.id}`{hint}"
         )
-    from gpusched.executors.tmux import TmuxExecutor
+    from gpusched.executors.tmux import KEEP_WINDOWS, TmuxExecutor
 
-    argv = TmuxExecutor(_home()).attach_argv(a.handle)
+    ex = TmuxExecutor(_home())
+    if not ex.shows(a.handle):
+        raise UsageError(
+            f"{job.id}'s pane is no longer on gpusched's tmux server (the newest {KEEP_WINDOWS} "
+            f"windows of ended jobs are kept): use `gpusched logs {job.id}`"
+        )
+    argv = ex.attach_argv(a.handle)
     env = {k: v for k, v in os.environ.items() if k != "TMUX"}
     os.execvpe(argv[0], argv, env)
     return 0  # not reached

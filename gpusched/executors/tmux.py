@@ -52,10 +52,12 @@ set -g history-limit 20000
 SOCKET_PATH_MAX = 107
 TIMEOUT_S = 30.0
 #: Windows of ours kept on the server, newest first: beyond this many, each launch also closes
-#: the oldest whose attempt has ended. A server holding thousands of dead panes makes every
-#: tmux call slower (new-window: 5.6 ms with 0 windows, 8.3 ms with 1000) and keeps their
-#: scrollback in memory; an ended job's output stays in its output.log.
-KEEP_WINDOWS = 200
+#: the oldest whose attempt has ended. Every pane the server starts is a fork of the server, so
+#: a server holding many dead panes (and their scrollback) makes each launch dearer: per window
+#: opened, 1.1-1.6 ms of server CPU with 16 kept, 1.8 with 64, 2.5-3.7 with 200, and more for
+#: the forked child (benchmarks/README.md). An ended job's output stays in its output.log, and
+#: ``gpusched attach`` on a closed window says so.
+KEEP_WINDOWS = 64
 #: Windows opened by one tmux exec at most (see :meth:`TmuxExecutor.launch_many`).
 BATCH = 32
 
@@ -383,6 +385,12 @@ class TmuxExecutor:
         ``TMUX`` removed from the environment (see :func:`attach_env`): from inside another
         tmux, tmux refuses to nest unless it is unset."""
         return [self._bin, "-S", self.socket, *attach_args(handle)]
+
+    def shows(self, handle: Handle) -> bool:
+        """True while the attempt's pane is on the server (not closed as one of the ended
+        windows beyond :data:`KEEP_WINDOWS`, nor gone with its server)."""
+        r = self._tmux(["display-message", "-p", "-t", handle["pane"], "#{pane_id}"], check=False)
+        return r.returncode == 0 and r.stdout.strip() == handle["pane"]
 
     def capture(self, handle: Handle, *, lines: int = 20) -> str:
         """The pane's last ``lines`` non-blank lines, scrollback included and wrapped lines

@@ -589,4 +589,6 @@ def test_only_the_newest_windows_stay_and_running_ones_never_close(
     windows = tmux_bench.tmux("list-windows", "-a", "-F", "#{window_id}").split()
     assert long_job["window"] in windows  # the oldest, but still running
     assert windows == [long_job["window"], *ended[-2:]]
+    # what `gpusched attach` asks before attaching
+    assert tmux_bench.ex.shows(long_job) and not tmux_bench.ex.shows({**long_job, "pane": "%999999"})
     (rpaths.dir / "gate").touch()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from gpusched.home import Home
 from tests.conftest import run_cli
 from tests.helpers import retry_until
 
@@ -145,6 +146,23 @@ def test_attach_lands_in_the_jobs_live_pane(gs_home: Path, project: Path, tmp_pa
     finally:
         subprocess.run([*outer, "kill-server"], capture_output=True)
     run_cli("cancel", "att/1-sst2", cwd=project, check=True)
+
+
+@pytest.mark.skipif(not shutil.which("tmux"), reason="tmux not installed")
+def test_attach_to_a_closed_pane_says_where_the_output_is(gs_home: Path, project: Path) -> None:
+    """An ended job's window is closed once newer ones push it out (or its tmux server went
+    away): attach says so and names the command that shows the output, instead of tmux's
+    "can't find pane"."""
+    write_plan(project, "gone", PLAN)
+    run_cli(
+        "submit", "--suite", "gone", "--only", "1-sst2", "--gpu-plan", "1", "--backend", "tmux",
+        cwd=project, env=FAKE, check=True,
+    )  # fmt: skip
+    run_cli("wait", "--suite", "gone", "--quiet", "--timeout", "60", cwd=project)
+    subprocess.run(["tmux", "-S", str(Home(gs_home).tmux_socket), "kill-server"], capture_output=True)
+    r = run_cli("attach", "gone/1-sst2", cwd=project)
+    assert r.returncode == 2, r.stderr
+    assert "no longer on gpusched's tmux server" in r.stderr and "gpusched logs gone/1-sst2" in r.stderr
 
 
 def test_attach_without_a_pane_says_what_to_do(gs_home: Path, project: Path) -> None:
