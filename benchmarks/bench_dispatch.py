@@ -8,11 +8,17 @@ gpusched runs the real CLI (``submit`` starts its daemon, as for a user) with 16
 and ``--gpu-plan 1,1,...``; every job is ``true <its config.yaml>``, with its attempt
 directory, config, log and exit.json written as for a real job. The others run ``true``.
 A tool that is not installed is reported as such, not failed.
+
+Two "floor" rows run gpusched's own per-job work without its scheduler (the same attempt
+directories and wrapper, started by the same executors, refilled on the same FIFO pokes, but
+no SQLite, placement or ticks): the gap between a floor and gpusched's row is the scheduler's
+cost, and the floor itself is what the attempt-directory contract costs on this machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import subprocess
@@ -38,6 +44,69 @@ def gpusched(backend: str) -> Callable[[int, int], float]:
             if bad:
                 raise RuntimeError(f"gpusched {backend}: not all jobs succeeded: {bad}")
             return t1 - t0
+
+    return run
+
+
+def floor(backend: str) -> Callable[[int, int], float]:
+    """gpusched's per-job work without its scheduler: each job's attempt directory written by
+    ``attempt.materialize`` and started by the backend's own executor (``launch_many``), at
+    most ``slots`` at a time, refilled as the wrappers poke a FIFO, just as the daemon is
+    woken. No SQLite, no placement, no ticks: what the attempt directory and the wrapper
+    cost on this machine, the part of gpusched's time no scheduling work can take away."""
+
+    def run(n: int, slots: int) -> float:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        import select
+
+        from gpusched import attempt, plan, proc
+        from gpusched.executors import LaunchRequest, launch_many
+        from gpusched.executors.select import make_executor
+        from gpusched.home import Home
+
+        with sandbox() as sb:
+            sb.write_plan("noop", n)
+            home = Home(sb.home).ensure()
+            wake = str(sb.root / "wake")
+            os.mkfifo(wake)
+            fd = os.open(wake, os.O_RDWR | os.O_NONBLOCK)
+            t0 = time.time()
+            suite = plan.load_suite("noop", cwd=sb.project)
+            ex = make_executor(backend, home)
+            queue, running = list(suite.jobs), {}
+            free = list(range(slots))
+            while queue or running:
+                proc.reap()
+                for d in [d for d in running if (d / "exit.json").exists()]:
+                    free.append(running.pop(d))
+                reqs = []
+                while queue and free:
+                    job, gpu = queue.pop(0), free.pop()
+                    paths = attempt.AttemptPaths.for_attempt(suite.logs_dir, job.name, 1, "A")
+                    attempt.materialize(
+                        paths, suite=suite, job=job, tier_index=0, attempt_n=1, gpu=gpu,
+                        gpu_uuid=None, backend=backend, env_file=None,
+                    )  # fmt: skip
+                    running[paths.dir] = gpu
+                    reqs.append(
+                        LaunchRequest(
+                            job_id=job.id,
+                            suite=suite.name,
+                            job_name=job.name,
+                            token=f"{gpu}-{job.name}",
+                            attempt_dir=paths.dir,
+                            workdir=Path(suite.workdir),
+                            env={"GPUSCHED_WAKE": wake},
+                        )
+                    )
+                bad = [h for h in launch_many(ex, reqs) if isinstance(h, Exception)]
+                if bad:
+                    raise RuntimeError(f"floor ({backend}): {bad[0]}")
+                if running and select.select([fd], [], [], 1.0)[0]:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(fd, 4096)  # the pokes since the last look: one read takes them all
+            os.close(fd)
+            return time.time() - t0
 
     return run
 
@@ -95,6 +164,11 @@ def simple_gpu_scheduler(n: int, slots: int) -> float:
 TOOLS: dict[str, tuple[Callable[[int, int], float], Callable[[], bool]]] = {
     "gpusched (subprocess)": (gpusched("subprocess"), lambda: True),
     "gpusched (tmux)": (gpusched("tmux"), lambda: bool(shutil.which("tmux"))),
+    "floor: gpusched's files + wrapper, no scheduler (subprocess)": (floor("subprocess"), lambda: True),
+    "floor: gpusched's files + wrapper, no scheduler (tmux)": (
+        floor("tmux"),
+        lambda: bool(shutil.which("tmux")),
+    ),
     "task-spooler (tsp -S 16)": (tsp, lambda: _tsp_binary() is not None),
     "GNU parallel -j16": (parallel, lambda: bool(shutil.which("parallel"))),
     "simple-gpu-scheduler": (simple_gpu_scheduler, lambda: _has_module("simple_gpu_scheduler")),
