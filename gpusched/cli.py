@@ -439,13 +439,13 @@ def cmd_attach(args: argparse.Namespace) -> int:
         )
     from gpusched.executors.tmux import KEEP_WINDOWS, TmuxExecutor
 
-    ex = TmuxExecutor(_home())
-    if not ex.shows(a.handle):
+    tmux = TmuxExecutor(_home())
+    if not tmux.shows(a.handle):
         raise UsageError(
             f"{job.id}'s pane is no longer on gpusched's tmux server (the newest {KEEP_WINDOWS} "
             f"windows of ended jobs are kept): use `gpusched logs {job.id}`"
         )
-    argv = ex.attach_argv(a.handle)
+    argv = tmux.attach_argv(a.handle)
     env = {k: v for k, v in os.environ.items() if k != "TMUX"}
     os.execvpe(argv[0], argv, env)
     return 0  # not reached
