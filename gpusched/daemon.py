@@ -188,6 +188,9 @@ def run(home: Home, *, probe_spec: str | None = None, interval_s: float = 1.0, s
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # survive the user's logout
+    # A daemon started from inside a job (a job that submits jobs) must not pass that job's
+    # token on to the tmux server it starts: cancelling the job would take the server along.
+    os.environ.pop("GPUSCHED_TOKEN", None)
     fifo = _open_fifo(home.wake)
     store = Store(home.db)
     probe = make_probe(probe_spec)

@@ -271,6 +271,42 @@ def signal_group(pid: int, sig: int = signal.SIGTERM) -> bool:
     return True
 
 
+def carrying(key: str, value: str) -> list[int]:
+    """Pids of the live processes whose environment holds ``key=value`` (this process aside):
+    how a job's processes are found once they have left its process group (``setsid``, a
+    helper that daemonises), because a process keeps the environment it was started with. One
+    read of /proc/PID/environ per process, so only for rare moments (a cancel, an attempt
+    gone without its exit record); [] where there is no /proc, and a process that cleared its
+    environment (``env -i``) is not found."""
+    if not _HAVE_PROC:
+        return []
+    needle = f"\0{key}={value}\0".encode()
+    me = os.getpid()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = b"\0" + f.read()
+        except OSError:  # gone, or another user's
+            continue
+        if needle in env and (st := _stat(int(name))) is not None and st[0] not in ("Z", "X"):
+            found.append(int(name))
+    return found
+
+
+def signal_pid(pid: int, sig: int = signal.SIGTERM) -> bool:
+    """Send ``sig`` to one process; False (and nothing raised) when it is gone or not ours."""
+    try:
+        os.kill(int(pid), sig)
+    except OSError as e:
+        if e.errno in (errno.ESRCH, errno.EPERM):
+            return False
+        raise
+    return True
+
+
 def descendants(pid: int) -> list[int]:
     """``pid`` itself followed by every live process below it ([] when ``pid`` is gone);
     for matching GPU processes to the job that owns them."""

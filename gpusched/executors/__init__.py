@@ -5,14 +5,18 @@ never read from the executor: the wrapper writes it to ``exit.json`` in the atte
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from gpusched import proc
+
 #: JSON-able description of a launched attempt, stored in the ``attempts.handle`` column.
-#: tmux: {"pane": "%3", "window": "@2", "session": "$1", "pid": 123, "pid_started_at": 1.7e9}
-#: subprocess: {"pid": 123, "pid_started_at": 1.7e9}; slurm: {"slurm_job_id": "42"}
+#: tmux: {"pane": "%3", "window": "@2", "session": "$1", "pid": 123, "pid_started_at": 1.7e9, "token": ...}
+#: subprocess: {"pid": 123, "pid_started_at": 1.7e9, "token": ...}; slurm: {"slurm_job_id": "42"}
 Handle = dict[str, Any]
 
 WRAPPER = Path(__file__).resolve().parent.parent / "wrap.sh"
@@ -56,6 +60,49 @@ class Executor(Protocol):
     # Optional: ``launch_many(reqs) -> list[Handle | Exception]``, one result per request in
     # order, for a backend that starts several attempts at once more cheaply than one by one
     # (one tmux call for a tick's windows). See :func:`launch_many`.
+
+
+# ---------------------------------------------------------------------- an attempt's processes
+# The tmux and subprocess backends both run the wrapper as the leader of a new process group,
+# with GPUSCHED_TOKEN in its environment, and keep the token in the handle.
+
+
+def strays(handle: Handle) -> list[int]:
+    """The attempt's processes that left its process group (``setsid``, a daemonised helper):
+    they still carry its ``GPUSCHED_TOKEN``. Scans the process table; [] for a handle without
+    a token (recorded by an older gpusched)."""
+    token = handle.get("token")
+    if not token:
+        return []
+    pgid = handle.get("pid")
+    return [p for p in proc.carrying("GPUSCHED_TOKEN", str(token)) if _pgid(p) != pgid]
+
+
+def attempt_alive(handle: Handle) -> bool:
+    """True while the attempt's process group has a live member, or, once it has none, while
+    one of its :func:`strays` runs: a cancelled job counts as stopped only when all are gone."""
+    if proc.group_alive(handle.get("pid"), handle.get("pid_started_at")):
+        return True
+    return bool(strays(handle))
+
+
+def signal_attempt(handle: Handle, *, force: bool = False) -> None:
+    """SIGTERM (SIGKILL when ``force``) the attempt's process group, and each of its strays
+    once (a group member is not signalled twice: a trainer may take a second SIGTERM as
+    "stop now, skip the checkpoint"). Nothing when all is gone."""
+    sig = signal.SIGKILL if force else signal.SIGTERM
+    pid = handle.get("pid")
+    if pid is not None and proc.group_alive(pid, handle.get("pid_started_at")):
+        proc.signal_group(pid, sig)
+    for p in strays(handle):
+        proc.signal_pid(p, sig)
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
 
 
 def launch_many(ex: Executor, reqs: Sequence[LaunchRequest]) -> list[Handle | Exception]:

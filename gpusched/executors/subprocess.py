@@ -9,19 +9,19 @@ outlives the daemon and the user's logout. A restarted daemon finds it again by 
 from __future__ import annotations
 
 import os
-import signal
 import time
 
 from gpusched import proc
-from gpusched.executors import WRAPPER, Handle, LaunchRequest
+from gpusched.executors import WRAPPER, Handle, LaunchRequest, attempt_alive, signal_attempt
 from gpusched.home import Home
 
 
 class SubprocessExecutor:
     """The :class:`~gpusched.executors.Executor` that runs each attempt as a detached process.
 
-    Handle: ``{"pid": wrapper pid, "pid_started_at": its start time}``; the wrapper leads the
-    attempt's process group, so ``pid`` is also the group id.
+    Handle: ``{"pid": wrapper pid, "pid_started_at": its start time, "token": the attempt's
+    GPUSCHED_TOKEN}``; the wrapper leads the attempt's process group, so ``pid`` is also the
+    group id.
     """
 
     name = "subprocess"
@@ -44,18 +44,18 @@ class SubprocessExecutor:
         p = proc.spawn(wrapper_argv(req), env=env)  # launch.sh changes to req.workdir
         # the clock, not /proc/PID/stat: reading that waits for the child's exec to finish,
         # and it is within a millisecond of the start time the kernel recorded
-        return {"pid": p.pid, "pid_started_at": time.time()}
+        return {"pid": p.pid, "pid_started_at": time.time(), "token": req.token}
 
     def alive(self, handle: Handle) -> bool:
-        """True while the wrapper runs, or anything it left in its process group. No exec:
-        one /proc read (and a reap of our own finished child)."""
-        return proc.group_alive(handle.get("pid"), handle.get("pid_started_at"))
+        """True while the wrapper runs, or anything it left in its process group, or a process
+        of the job that left the group (:func:`~gpusched.executors.attempt_alive`). No exec:
+        one /proc read while the wrapper runs (and a reap of our own finished child)."""
+        return attempt_alive(handle)
 
     def terminate(self, handle: Handle, *, force: bool = False) -> None:
-        """SIGTERM (SIGKILL when ``force``) the attempt's process group; nothing when it is gone."""
-        pid = handle.get("pid")
-        if pid is not None and proc.group_alive(pid, handle.get("pid_started_at")):
-            proc.signal_group(pid, signal.SIGKILL if force else signal.SIGTERM)
+        """SIGTERM (SIGKILL when ``force``) the attempt's process group and the job's processes
+        that left it; nothing when all is gone."""
+        signal_attempt(handle, force=force)
 
     def discover(self) -> dict[str, Handle]:
         """token -> handle of every wrapper this home started that still runs (this backend
@@ -81,7 +81,7 @@ class SubprocessExecutor:
             token = env.get("GPUSCHED_TOKEN")
             started = proc.started_at(p.pid)
             if token and env.get("GPUSCHED_HOME") == home and started is not None:
-                found[token] = {"pid": p.pid, "pid_started_at": started}
+                found[token] = {"pid": p.pid, "pid_started_at": started, "token": token}
         return found
 
     def release(self, handle: Handle) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import stat
 import time
 from collections.abc import Sequence
@@ -28,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from gpusched import proc
 from gpusched.errors import CommandFailed, ExecutorError
-from gpusched.executors import WRAPPER, Handle, LaunchRequest, launch_each
+from gpusched.executors import WRAPPER, Handle, LaunchRequest, attempt_alive, launch_each, signal_attempt
 from gpusched.home import Home
 
 if TYPE_CHECKING:
@@ -178,6 +177,7 @@ class PaneRow:
             "session": self.session,
             "pid": self.pid,
             "pid_started_at": started,
+            "token": self.token,
             "dead": self.dead or started is None,
         }
 
@@ -319,7 +319,14 @@ class TmuxExecutor:
         self._windows[(sess, req.job_name)] = window
         started = time.time()  # within ms of the pane's start (the /proc entry may already be gone)
         self._launched[window] = ((sess, req.job_name), pid, started)
-        return {"pane": pane, "window": window, "session": session, "pid": pid, "pid_started_at": started}
+        return {
+            "pane": pane,
+            "window": window,
+            "session": session,
+            "pid": pid,
+            "pid_started_at": started,
+            "token": req.token,
+        }
 
     def _ended_beyond_keep(
         self, exclude: str | None, *, adding: int = 1, keep: frozenset[str] | set[str] = frozenset()
@@ -344,16 +351,16 @@ class TmuxExecutor:
             del self._windows[entry[0]]
 
     def alive(self, handle: Handle) -> bool:
-        """True while the wrapper runs, or anything it left in its process group. No tmux
-        call: the pane's process is the wrapper; one /proc read."""
-        return proc.group_alive(handle.get("pid"), handle.get("pid_started_at"))
+        """True while the wrapper runs, or anything it left in its process group, or a process
+        of the job that left the group (:func:`~gpusched.executors.attempt_alive`). No tmux
+        call: the pane's process is the wrapper; one /proc read while it runs."""
+        return attempt_alive(handle)
 
     def terminate(self, handle: Handle, *, force: bool = False) -> None:
-        """SIGTERM (SIGKILL when ``force``) the pane's process group; nothing when it is gone.
-        The pane stays (remain-on-exit) with the wrapper's last line."""
-        pid = handle.get("pid")
-        if pid is not None and proc.group_alive(pid, handle.get("pid_started_at")):
-            proc.signal_group(pid, signal.SIGKILL if force else signal.SIGTERM)
+        """SIGTERM (SIGKILL when ``force``) the pane's process group and the job's processes
+        that left it; nothing when all is gone. The pane stays (remain-on-exit) with the
+        wrapper's last line."""
+        signal_attempt(handle, force=force)
 
     def discover(self) -> dict[str, Handle]:
         """token -> handle of every tagged pane on the server, dead ones included (flagged

@@ -14,6 +14,7 @@ import os
 import shlex
 import shutil
 import stat
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,15 @@ CHILD_IGNORES_TERM = (
     "wait\n"
 )
 
+# a helper that leaves the job's process group (and session) and lets go of its output, as a
+# daemonising one does
+LEAVES_GROUP = (
+    'setsid sh -c \'echo $$ > "$0/child.pid"; while [ ! -e "$0/gate" ]; do sleep 0.02; done\' "@DIR@"'
+    " </dev/null >/dev/null 2>&1 &\n"
+    'while [ ! -e "@DIR@/child.pid" ]; do sleep 0.02; done\n'
+    "wait\n"
+)
+
 
 @dataclass
 class Bench:
@@ -90,7 +100,7 @@ class Bench:
             job_id=f"{suite}/{name}",
             suite=suite,
             job_name=name,
-            token=token or f"tok{self.n}",
+            token=token or f"tok{self.n}-{uuid.uuid4().hex[:12]}",  # unique: cancel finds processes by it
             attempt_dir=paths.dir,
             workdir=workdir or self.root,
             env=env or {},
@@ -216,6 +226,29 @@ def test_force_kills_a_child_that_ignores_sigterm(bench: Bench) -> None:
     assert bench.ex.alive(h)
     bench.ex.terminate(h, force=True)
     retry_until(lambda: not running(child))
+    retry_until(lambda: not bench.ex.alive(h))
+
+
+def test_terminate_reaches_a_process_that_left_the_group(bench: Bench) -> None:
+    """A job's helper that calls setsid (or daemonises) is out of the job's process group, so
+    a group signal misses it; it still carries the attempt's token, and cancel finds it."""
+    h, paths, _ = bench.launch(LEAVES_GROUP)
+    child = child_pid(paths)
+    assert os.getpgid(child) != h["pid"]  # it did leave
+    bench.ex.terminate(h)
+    retry_until(lambda: not running(child))
+    retry_until(lambda: not bench.ex.alive(h))
+
+
+def test_an_attempt_lives_while_a_process_that_left_its_group_runs(bench: Bench) -> None:
+    """The wrapper and its group may be gone while the job's detached helper still runs (and
+    may hold GPU memory): the attempt counts as alive until that is gone too."""
+    h, paths, _ = bench.launch(LEAVES_GROUP.replace("wait\n", ""))
+    child = child_pid(paths)
+    exited(paths)
+    retry_until(lambda: not proc.group_alive(h["pid"], h["pid_started_at"]))
+    assert running(child) and bench.ex.alive(h)
+    (paths.dir / "gate").touch()
     retry_until(lambda: not bench.ex.alive(h))
 
 

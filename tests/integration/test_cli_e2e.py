@@ -8,6 +8,7 @@ SQLite file. The jobs are launchers/demo_job.py (torch-free) with short steps.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import textwrap
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from gpusched import proc
 from gpusched.home import Home
 from tests.conftest import run_cli
 from tests.helpers import retry_until
@@ -111,6 +113,38 @@ def test_cancel_a_running_job_and_a_queued_one(gs_home: Path, project: Path) -> 
     assert all(j["state"] == "cancelled" for j in status(project)["jobs"])
     w = run_cli("wait", "--suite", "slow", "--quiet", cwd=project)
     assert w.returncode == 1
+
+
+def test_cancel_stops_a_helper_that_left_the_jobs_process_group(gs_home: Path, project: Path) -> None:
+    """A job that starts a daemonising helper (setsid): the helper is out of the job's
+    process group, yet cancel stops it too, and only then is the job cancelled."""
+    (project / "plans" / "esc.yaml").write_text(
+        "command: ': {config}; sh helper.sh; sleep 300'\njobs: [{name: one, task: t}]\n"
+    )
+    # the helper: a daemonising child (new session, stdio let go) that records its pid
+    (project / "helper.sh").write_text(
+        "setsid sh -c 'echo $$ > \"$GPUSCHED_ATTEMPT_DIR/helper.pid\"; exec sleep 300'"
+        " </dev/null >/dev/null 2>&1 &\n"
+        'while [ ! -s "$GPUSCHED_ATTEMPT_DIR/helper.pid" ]; do sleep 0.05; done\n'
+    )
+    run_cli(
+        "submit",
+        "--suite",
+        "esc",
+        "--gpu-plan",
+        "1",
+        "--backend",
+        "subprocess",
+        cwd=project,
+        env=FAKE,
+        check=True,
+    )
+    pid_file = retry_until(lambda: next(project.glob("logs/esc/one/*/helper.pid"), None), timeout=30)
+    pid = int(retry_until(lambda: pid_file.read_text().strip(), timeout=10))
+    assert os.getpgid(pid) != os.getpgid(int((pid_file.parent / "pid").read_text().split()[0]))
+    run_cli("cancel", "esc/one", cwd=project, check=True)
+    retry_until(lambda: by_id(status(project))["esc/one"]["state"] == "cancelled", timeout=30)
+    assert proc.started_at(pid) is None  # gone (or a zombie nobody has reaped yet)
 
 
 @pytest.mark.skipif(not shutil.which("tmux"), reason="tmux not installed")
