@@ -9,9 +9,10 @@ process trees of its attempts, host RAM) and acts on the answers.
 * :func:`reserved_mib` -- memory promised to a running attempt that the card does not show
   yet: the rest of its predicted peak while it ramps up, and for a learned prediction as long
   as it runs (a job below its learned peak will grow back to it).
-* :func:`ladder_ratios` and :func:`fill_ladder` -- a task's peak at a tier it has not run
-  yet, from its learned peak one tier up and the suite's measured ratio between the two tiers
-  (source ``"ladder"``); without a ratio, never more than the tier above.
+* :func:`ladder_points` and :func:`fill_ladder` -- a task's peak at a tier it has not run
+  yet, from its learned peak one tier up and the ratio measured between the two tiers on the
+  suite's task of the nearest smaller peak (source ``"ladder"``, :func:`ladder_ratio`);
+  without a ratio, never more than the tier above.
 * :func:`rooms` and :func:`start_tier` -- what each card could hold with none of our jobs on
   it (minus headroom and other people's processes), and the first tier of the ladder whose
   predicted peak fits that ("start safer").
@@ -176,7 +177,15 @@ def ladder_ratios(samples: Sequence[PeakSample], tiers: int) -> dict[int, float]
     """tier ``t`` -> the largest measured ratio of a task's peak at ``t`` to its peak at
     ``t - 1`` (at most 1), over the tasks that ran at both. A tier-``t-1`` OOM's peak stands
     in for a missing successful run there (it is a lower bound of that peak, so the ratio it
-    gives errs high: safe)."""
+    gives errs high: safe). :func:`ladder_points` keeps each task's ratio."""
+    return {t: max(r for _, r in points) for t, points in ladder_points(samples, tiers).items()}
+
+
+def ladder_points(samples: Sequence[PeakSample], tiers: int) -> dict[int, tuple[tuple[int, float], ...]]:
+    """tier ``t`` -> (the task's peak at ``t - 1``, the ratio of its peak at ``t`` to that, at
+    most 1), one per task that ran at both, smallest peak first. A tier-``t-1`` OOM's peak
+    stands in for a missing successful run there (a lower bound of that peak: the ratio errs
+    high, which is safe)."""
     ok: dict[tuple[str, int], int] = {}
     floor: dict[tuple[str, int], int] = {}
     for s in samples:
@@ -187,25 +196,46 @@ def ladder_ratios(samples: Sequence[PeakSample], tiers: int) -> dict[int, float]
             ok[key] = max(ok.get(key, 0), s.peak_mib)
         elif s.outcome == Outcome.OOM:
             floor[key] = max(floor.get(key, 0), s.peak_mib)
-    ratios: dict[int, list[float]] = defaultdict(list)
+    points: dict[int, list[tuple[int, float]]] = defaultdict(list)
     for (task, t), hi in ok.items():
         lo = ok.get((task, t - 1)) or floor.get((task, t - 1))
-        if t > 0 and lo:
-            ratios[t].append(hi / lo)
-    return {t: min(1.0, max(rs)) for t, rs in ratios.items() if t < tiers}
+        if 0 < t < tiers and lo:
+            points[t].append((lo, min(1.0, hi / lo)))
+    return {t: tuple(sorted(ps)) for t, ps in points.items()}
 
 
-def fill_ladder(predicted: Sequence[Prediction], ratios: Mapping[int, float]) -> list[Prediction]:
+def ladder_ratio(points: Sequence[tuple[int, float]], above_mib: int) -> float | None:
+    """The ratio to scale a peak of ``above_mib`` one tier up by: that of the task with the
+    largest peak one tier up that is at most ``above_mib`` (the largest ratio when none is).
+    A tier cuts a job's activations, not its weights, so the larger a peak the more of it a
+    tier cuts: a smaller task's ratio errs high (safe), while the largest ratio of all (a small
+    task's) is far too high for a large one. In the E1-like trace the 14.5 GiB qnli was guessed
+    at ~11.6 GiB at B from the small tasks' ~0.8, over a slot's share (10.8 GiB), so it started
+    at C and its B was never learned; from mnli's ~0.64 it is ~9.5 GiB and starts at B."""
+    if not points:
+        return None
+    below = [r for lo, r in points if lo <= above_mib]
+    return below[-1] if below else max(r for _, r in points)
+
+
+def fill_ladder(
+    predicted: Sequence[Prediction],
+    ratios: Mapping[int, float],
+    points: Mapping[int, Sequence[tuple[int, float]]] | None = None,
+) -> list[Prediction]:
     """Predictions per tier with each default/unknown one below a learned one replaced by
     that one scaled by the tier ratio (source ``"ladder"``), or capped by it when no ratio is
-    known (a more conservative tier never needs more; still a guess: its source stays)."""
+    known (a more conservative tier never needs more; still a guess: its source stays).
+    ``points`` (:func:`ladder_points`), where given, pick the ratio by the size of the peak
+    scaled (:func:`ladder_ratio`) instead of ``ratios``."""
     out = list(predicted)
     for t in range(1, len(out)):
         above, here = out[t - 1], out[t]
         if here.source in LEARNED or above.source not in LEARNED or above.mib is None:
             continue
-        if t in ratios:
-            out[t] = Prediction(mib=math.ceil(above.mib * ratios[t]), source="ladder")
+        ratio = ladder_ratio(points[t], above.mib) if points and t in points else ratios.get(t)
+        if ratio is not None:
+            out[t] = Prediction(mib=math.ceil(above.mib * ratio), source="ladder")
         elif here.mib is None or above.mib < here.mib:
             out[t] = Prediction(mib=above.mib, source=here.source)
     return out

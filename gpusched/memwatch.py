@@ -214,8 +214,8 @@ def demands(
     tasks = {name: suite_tasks(store, row) for name, row in suites.items()}
     samples, runs = records(store, sorted(set().union(*tasks.values(), {j.task for j in jobs})))
     running = running_for(store, now) if now is not None else Running({}, {})
-    ratios = {
-        name: memory.ladder_ratios([s for t in tasks[name] for s in samples.get(t, [])], len(row.suite.tiers))
+    ratios = {  # tier -> (peak one tier up, ratio) per task, by suite
+        name: memory.ladder_points([s for t in tasks[name] for s in samples.get(t, [])], len(row.suite.tiers))
         for name, row in suites.items()
     }
     mine = {task: {s.job_id for s in ss} for task, ss in samples.items()}
@@ -267,8 +267,9 @@ def demands(
         if (*key, start.tier) not in falls:  # one tuple per kind, so pack() replaces no view
             falls[(*key, start.tier)] = slower_tiers(memo[key], start.tier, suite.suite.tiers)
         fall = falls[(*key, start.tier)]
+        up = faster_tiers(memo[key], own, start.tier, suite.suite.tiers)
         out[job.id] = kinds[(*key, job.tier)] = _demand(
-            job, suite, cards[job.suite], memo[key], start, duration, fall
+            job, suite, cards[job.suite], memo[key], start, duration, fall, up
         )
     return _chains(out, jobs, cards)
 
@@ -350,7 +351,7 @@ def _predictions(
     gpus: Sequence[GpuState],
     room_mib: Mapping[int, int],
     samples: Sequence[predict.PeakSample],
-    ratios: Mapping[int, float],
+    ratios: Mapping[int, Sequence[tuple[int, float]]],
     headroom_frac: float,
     running_mib: Mapping[tuple[str, int], int],
 ) -> tuple[predict.Prediction, ...]:
@@ -367,7 +368,7 @@ def _predictions(
         )
         for t in range(len(suite.suite.tiers))
     ]
-    return tuple(memory.fill_ladder(preds, ratios))
+    return tuple(memory.fill_ladder(preds, {}, ratios))
 
 
 def _start(
@@ -400,6 +401,7 @@ def _demand(
     start: memory.Start,
     duration: predict.Duration,
     fallback: tuple[tuple[int, int | None], ...] = (),
+    faster: tuple[tuple[int, int | None], ...] = (),
 ) -> Demand:
     view = placement.QueuedJob(
         job_id=job.id,
@@ -412,6 +414,7 @@ def _demand(
         avoid_gpu=job.avoid_gpu,
         predicted_s=duration.seconds,
         fallback=fallback,
+        faster=faster,
     )
     return Demand(view=view, predictions=preds, note=start.note, duration=duration)
 
@@ -425,6 +428,19 @@ def slower_tiers(
         (t, predictions[t].mib)
         for t in range(tier + 1, min(len(tiers), len(predictions)))
         if not tiers[t].exclusive
+    )
+
+
+def faster_tiers(
+    predictions: Sequence[predict.Prediction], own: int, start: int, tiers: Sequence[Tier]
+) -> tuple[tuple[int, int | None], ...]:
+    """(tier, learned peak) of the tiers from ``own`` to just above ``start``, fastest first,
+    not exclusive: where a job starts lower than its own tier, the tiers it may take instead
+    where it fills a card's last slot (:func:`placement.fill_last_slot`)."""
+    return tuple(
+        (t, predictions[t].mib)
+        for t in range(own, min(start, len(predictions)))
+        if not tiers[t].exclusive and predictions[t].source in LEARNED_SOURCES and predictions[t].mib
     )
 
 

@@ -34,7 +34,9 @@ A job may carry slower tiers to fall back to (``fallback``, with their predicted
 second pass gives each job that memory left waiting the first of them (one tier down) on
 the cards the first pass left: a slower tier only takes room no job could use at its own. A
 starved job (``pack_now``: later jobs kept overtaking it) tries all of them at its turn in
-the first pass.
+the first pass. A job moved down from its own tier only because its peak there is over a
+slot's share (``faster``) takes that faster tier, at its turn, on a card where it fills the
+last slot and fits beside what runs there (:func:`fill_last_slot`).
 
 Every placement carries a reason; every job left waiting carries the binding constraint:
 the veto of the GPUs that got furthest through the checks above.
@@ -71,6 +73,10 @@ class QueuedJob:
     # its task's queued run time over its cards when two of its jobs do not fit one card: the
     # least time the task still needs; ordered by when it exceeds ``predicted_s``
     chain_s: float | None = None
+    # faster tiers (tier, learned peak), fastest first, that it was moved down from only because
+    # its peak there exceeds a slot's share of a card: it takes one where it fills a card's last
+    # slot (see :func:`fill_last_slot`)
+    faster: tuple[tuple[int, int | None], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,6 +196,10 @@ def _place_or_fall(
     """``job`` at its own tier (when ``own``), else, when memory keeps it off every card, at
     the first of ``falls`` that fits a card now. Returns the placement (or the wait at its own
     tier; ``None`` when its own tier was not tried) and the job as placed."""
+    if own and job.faster:
+        up = fill_last_slot(job, views, headroom_frac)
+        if up is not None:
+            return up
     outcome = place_one(job, views, headroom_frac) if own else None
     if isinstance(outcome, Placement):
         return outcome, job
@@ -200,6 +210,31 @@ def _place_or_fall(
             if isinstance(fell, Placement):
                 return replace(fell, reason=f"{fallback_note(job, lower)}; {fell.reason}"), lower
     return outcome, job
+
+
+def fill_last_slot(
+    job: QueuedJob, views: Sequence[GpuSlotView], headroom_frac: float
+) -> tuple[Placement, QueuedJob] | None:
+    """``job`` at the fastest of its ``faster`` tiers that fits a card where it takes the last
+    slot the card's cap allows, or ``None``. A job over a slot's share starts a tier down so
+    as not to block its card-mates; where they are running already it blocks none of them
+    now and runs ~8 % faster (the slot freed beside it later takes a smaller job). With the
+    ladder guessed from the task of the nearest peak (``memory.ladder_ratio``) it took the
+    eight E1-like seeds from 1.146 to 1.124 x the lower bound (bigger jobs at A beside a B;
+    each alone measured no better: 1.138 and 1.146)."""
+    last = [g for g in views if g.running + 1 == job.allowed.get(g.index, 0)]
+    if not last:
+        return None
+    for tier, predicted in job.faster:
+        if predicted is None:
+            continue
+        up = replace(job, tier=tier, predicted_mib=predicted, fallback=(), pack_now=False, faster=())
+        placed = place_one(up, last, headroom_frac)
+        if isinstance(placed, Placement):
+            here, there = tier_of(up).name, tier_of(job).name
+            note = f"tier {here} instead of {there}: it takes GPU {placed.gpu}'s last slot"
+            return replace(placed, reason=f"{note}; {placed.reason}"), up
+    return None
 
 
 MEMORY_VETOES = frozenset({Veto.NEEDS_EMPTY, Veto.MIN_FREE, Veto.MEMORY})  # not HELD: a hold is a choice
@@ -237,6 +272,7 @@ def rules_key(job: QueuedJob, held: set[str]) -> tuple[object, ...]:
         job.tier,
         id(job.allowed),
         job.predicted_mib,
+        job.faster,
         job.job_id if job.job_id in held else None,
     )
 

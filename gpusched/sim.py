@@ -226,7 +226,7 @@ def plain(job: placement.QueuedJob) -> placement.QueuedJob:
     """``job`` as a baseline sees it: no run time (its own or its task's) to order the queue
     by, no slower tier to fall back to (other tools run jobs in the order given, at the tier
     given; the OOM ladder that every policy gets stands for relaunching by hand)."""
-    return replace(job, predicted_s=None, chain_s=None, fallback=(), pack_now=False)
+    return replace(job, predicted_s=None, chain_s=None, fallback=(), pack_now=False, faster=())
 
 
 def fifo_assign(

@@ -3,6 +3,7 @@ the tier ladder learned across tasks, start safer, pack down, holds, never deadl
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -151,6 +152,46 @@ def test_fill_ladder_scales_a_learned_peak_down_and_otherwise_only_caps_the_gues
     assert scaled[2].source == "default" and scaled[2].mib == scaled[1].mib  # capped, still a guess
     small = [Prediction(mib=6 * GIB, source="task"), Prediction(mib=11 * GIB, source="default")]
     assert memory.fill_ladder(small, {}) == [small[0], Prediction(mib=6 * GIB, source="default")]
+
+
+def test_ladder_ratio_is_that_of_the_task_of_the_nearest_smaller_peak() -> None:
+    """A tier cuts activations, not weights: a big task's peak shrinks by more than a small
+    one's, so a big task is scaled by the nearest smaller task's ratio, not the largest."""
+    points = memory.ladder_points(
+        [
+            sample("sst2", 0, 7),
+            sample("sst2", 1, 5.6),  # 0.8
+            sample("mnli", 0, 13),
+            sample("mnli", 1, 8.45),  # 0.65
+            sample("boolq", 0, 19, Outcome.OOM),
+            sample("boolq", 1, 15.2),  # 0.8, from an OOM's lower bound
+        ],
+        tiers=4,
+    )
+    assert [lo for lo, _ in points[1]] == [7 * GIB, 13 * GIB, 19 * GIB]  # smallest peak first
+    assert memory.ladder_ratio(points[1], int(14.5 * GIB)) == pytest.approx(0.65, abs=1e-3)  # qnli: mnli's
+    assert memory.ladder_ratio(points[1], 10 * GIB) == pytest.approx(0.8, abs=1e-3)  # sst2's
+    assert memory.ladder_ratio(points[1], 6 * GIB) == pytest.approx(0.8, abs=1e-3)  # below all: the largest
+    assert memory.ladder_ratio(points[1], 20 * GIB) == pytest.approx(0.8, abs=1e-3)  # boolq's
+    assert memory.ladder_ratio((), 10 * GIB) is None
+    preds = [Prediction(mib=int(14.5 * GIB), source="task"), Prediction(mib=11 * GIB, source="default")]
+    filled = memory.fill_ladder(preds, {1: 0.8}, points)
+    assert filled[1] == Prediction(mib=math.ceil(int(14.5 * GIB) * points[1][1][1]), source="ladder")
+    assert memory.ladder_ratios([sample("cola", 0, 6)], tiers=4) == {}  # one tier only: no ratio
+
+
+def test_faster_tiers_are_the_learned_ones_between_a_jobs_own_tier_and_its_start() -> None:
+    preds = (
+        Prediction(mib=13 * GIB, source="task"),
+        Prediction(mib=9 * GIB, source="ladder"),
+        Prediction(mib=7 * GIB, source="task"),
+        Prediction(mib=5 * GIB, source="ladder"),
+    )
+    assert memwatch.faster_tiers(preds, 0, 2, TIERS) == ((0, 13 * GIB), (1, 9 * GIB))
+    assert memwatch.faster_tiers(preds, 1, 2, TIERS) == ((1, 9 * GIB),)
+    assert memwatch.faster_tiers(preds, 2, 2, TIERS) == ()  # starts at its own tier
+    guessed = (Prediction(mib=10 * GIB, source="default"), *preds[1:])
+    assert memwatch.faster_tiers(guessed, 0, 2, TIERS) == ((1, 9 * GIB),)  # a default is no peak
 
 
 # --------------------------------------------------------------------------- start safer

@@ -397,6 +397,22 @@ def test_empty_queue() -> None:
     assert assign([], [gpu(0)]) == Decision()
 
 
+def test_a_job_moved_down_for_its_share_takes_its_faster_tier_where_it_fills_the_last_slot() -> None:
+    """``faster``: a job started a tier down only because its peak is over a slot's share
+    takes the faster tier on a card whose other slot runs already, where it fits there."""
+    moved = replace(job(tier=TIER_B, predicted=8 * GIB), tiers=(Tier(name="A"), Tier(name="B")))
+    moved = replace(moved, faster=((TIER_A, 13 * GIB),))
+    half = gpu(0, running=1, free=17, total=24)  # 17 - 2.4 headroom >= 13: A fits beside its mate
+    empty = gpu(1, free=24, total=24)
+    placed = one(moved, [half, empty], headroom_frac=0.10)
+    assert isinstance(placed, Placement) and (placed.gpu, placed.tier) == (0, TIER_A)
+    assert placed.reason.startswith("tier A instead of B: it takes GPU 0's last slot; GPU 0:")
+    alone = one(moved, [empty], headroom_frac=0.10)  # a card it would share later: its own tier
+    assert isinstance(alone, Placement) and (alone.gpu, alone.tier) == (1, TIER_B)
+    tight = one(moved, [gpu(0, running=1, free=15, total=24), empty], headroom_frac=0.10)
+    assert isinstance(tight, Placement) and (tight.gpu, tight.tier) == (1, TIER_B)  # A does not fit
+
+
 def test_gpu_views_merges_plan_probe_and_occupancy() -> None:
     states = [
         GpuState(index=1, total_mib=24 * GIB, free_mib=20 * GIB, processes=(GpuProcess(pid=1, used_mib=1),)),
@@ -456,6 +472,10 @@ def job_lists(draw: st.DrawFn) -> list[QueuedJob]:
                 predicted_s=draw(st.none() | st.floats(0, 1e5)),
                 fallback=tuple((t, draw(st.none() | st.integers(0, 40 * GIB))) for t in slower),
                 pack_now=draw(st.booleans()),
+                faster=tuple(
+                    (t, draw(st.none() | st.integers(0, 40 * GIB)))
+                    for t in range(draw(st.integers(0, tier)), tier)  # a ladder's faster tiers
+                ),
             )
         )
     return jobs
@@ -467,10 +487,12 @@ def replay(queued: list[QueuedJob], gpus: list[GpuSlotView], decision: Decision)
     cards = {g.index: g for g in gpus}
     for placement in decision.placements:
         placed, card = by_id[placement.job_id], cards[placement.gpu]  # type: ignore[index]
-        if placement.tier != placed.tier:  # it fell back to a slower tier: placed with that prediction
-            fell = dict(placed.fallback)
-            assert placement.tier in fell
-            placed = replace(placed, tier=placement.tier, predicted_mib=fell[placement.tier])
+        if placement.tier != placed.tier:  # a slower or faster tier: placed with that prediction
+            other = dict(placed.fallback) if placement.tier > placed.tier else dict(placed.faster)
+            assert placement.tier in other
+            if placement.tier < placed.tier:  # a faster tier only fills a card's last slot
+                assert card.running + 1 == placed.allowed.get(card.index, 0)
+            placed = replace(placed, tier=placement.tier, predicted_mib=other[placement.tier])
         yield placed, card
         cards[card.index] = GpuSlotView(
             index=card.index,
