@@ -18,7 +18,7 @@ import os
 import shlex
 import signal
 import subprocess
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, Any
 
 from gpusched.errors import CommandFailed
@@ -262,8 +262,17 @@ def group_members(pgid: int) -> list[int]:
 def signal_group(pid: int, sig: int = signal.SIGTERM) -> bool:
     """Send ``sig`` to the process group led by ``pid``. False (and nothing raised) when the
     group is gone or not ours to signal."""
+    return _send(os.killpg, pid, sig)
+
+
+def signal_pid(pid: int, sig: int = signal.SIGTERM) -> bool:
+    """Send ``sig`` to one process; False (and nothing raised) when it is gone or not ours."""
+    return _send(os.kill, pid, sig)
+
+
+def _send(kill: Callable[[int, int], None], pid: int, sig: int) -> bool:
     try:
-        os.killpg(int(pid), sig)
+        kill(int(pid), sig)
     except OSError as e:
         if e.errno in (errno.ESRCH, errno.EPERM):
             return False
@@ -294,17 +303,6 @@ def carrying(key: str, value: str) -> list[int]:
         if needle in env and (st := _stat(int(name))) is not None and st[0] not in ("Z", "X"):
             found.append(int(name))
     return found
-
-
-def signal_pid(pid: int, sig: int = signal.SIGTERM) -> bool:
-    """Send ``sig`` to one process; False (and nothing raised) when it is gone or not ours."""
-    try:
-        os.kill(int(pid), sig)
-    except OSError as e:
-        if e.errno in (errno.ESRCH, errno.EPERM):
-            return False
-        raise
-    return True
 
 
 def descendants(pid: int) -> list[int]:
