@@ -344,7 +344,7 @@ def _probe(spec: str | None) -> Probe:
 
 def _add_slurm_details(doc: dict[str, Any]) -> None:
     """Slurm job id, node and Slurm state of unfinished Slurm attempts (one batched query)."""
-    jobs = [j for j in doc["jobs"] if (j.get("backend_handle") or {}).get("slurm_job_id")]
+    jobs = [j for j in doc["jobs"] if j["backend_handle"] and j["backend_handle"].get("slurm_job_id")]
     if not jobs:
         return
     from gpusched.executors.slurm import SlurmExecutor

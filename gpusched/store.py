@@ -502,10 +502,9 @@ class Store:
         job's columns, then its newest attempt's, all None before its first), in submission
         order. One indexed query and no record objects: ``status --json`` lists 10k jobs."""
         cols = ", ".join(f"j.{c}" if "." not in c else c for c in JOB_VIEW_COLUMNS)
-        sql = (
-            f"SELECT {cols} FROM jobs j LEFT JOIN attempts a"
-            " ON a.job_id = j.id AND a.n = (SELECT MAX(n) FROM attempts WHERE job_id = j.id)"
-        )
+        # the newest attempt is number j.attempts: begin_attempt counts it and inserts it in one
+        # transaction (a lookup in attempts(job_id, n), no MAX subquery per job)
+        sql = f"SELECT {cols} FROM jobs j LEFT JOIN attempts a ON a.job_id = j.id AND a.n = j.attempts"
         where, args = [], []
         for col, value in (("j.suite", suite), ("j.state", state)):
             if value is not None:

@@ -9,7 +9,6 @@ rich: a ``status`` costs little more than the interpreter's start.
 from __future__ import annotations
 
 import json
-import os
 import time
 import unicodedata
 from collections import Counter
@@ -87,8 +86,7 @@ def status_doc(
                 ],
             }
         )
-    jdocs = job_docs(rows, suites, now=now)
-    _queued_predictions(store, rows, jdocs, suites, gpus)
+    predictions = queued_predictions(store, rows, suites, gpus)
     return {
         "daemon": daemon,
         "notice": notice,
@@ -96,22 +94,37 @@ def status_doc(
         "draining": bool(store.flag("draining")),
         "host": host_doc(store, host, now=now),
         "gpus": gdocs,
-        "jobs": jdocs,
+        "jobs": job_docs(rows, suites, now=now, predictions=predictions),
     }
 
 
+#: What a queued job's prediction is asked of: a job that never ran stands for its whole
+#: (suite, task, tier); one with a history of its own, by its id.
+Kind = tuple[str, str, int] | str
+#: A kind's prediction as status shows it: predicted MiB, its source, the tier it would start at.
+ShownPrediction = tuple[int | None, str, str]
+
+
 def job_docs(
-    rows: Sequence[tuple[Any, ...]], suites: dict[str, SuiteRow], *, now: float, with_line: bool = True
+    rows: Sequence[tuple[Any, ...]],
+    suites: dict[str, SuiteRow],
+    *,
+    now: float,
+    predictions: dict[Kind, ShownPrediction] | None = None,
+    with_line: bool = True,
 ) -> list[dict[str, Any]]:
-    """One ``jobs`` entry per :meth:`Store.job_views` row. Queued jobs get their prediction
-    from :func:`_queued_predictions`; running ones the last line of their log."""
+    """One ``jobs`` entry per :meth:`Store.job_views` row, each built in one go (10k of them
+    for ``status --json``). Queued jobs get their kind's prediction from ``predictions``
+    (:func:`queued_predictions`); running ones the last line of their log."""
     tier_names = {name: [t.name for t in s.suite.tiers] for name, s in suites.items()}
+    predictions = predictions or {}
+    decode = json.JSONDecoder().raw_decode  # json.loads less its checks: the store wrote these
     out = []
     for (
         job_id,
         suite,
         name,
-        _task,
+        task,
         state,
         tier,
         attempts,
@@ -131,8 +144,13 @@ def job_docs(
         handle,
     ) in rows:
         names = tier_names.get(suite)
-        runtime_s = None
-        if started_at and state != "queued":
+        runtime_s = start_tier = None
+        if state == "queued":
+            reason = wait_reason or reason
+            shown = predictions.get((suite, task, tier) if attempts == 0 else job_id)
+            if shown is not None:
+                predicted_mib, prediction_source, start_tier = shown
+        elif started_at:
             runtime_s = round((attempt_ended_at or now) - started_at, 1)
         doc = {
             "id": job_id,
@@ -144,9 +162,9 @@ def job_docs(
             "attempt": attempts,
             "gpu": gpu,
             "outcome": outcome,
-            "reason": wait_reason if state == "queued" and wait_reason else reason,
+            "reason": reason,
             "line": line,
-            "log": None if adir is None else os.path.join(adir, "output.log"),  # AttemptPaths.output
+            "log": None if adir is None else f"{adir}/output.log",  # AttemptPaths.output
             "runtime_s": runtime_s,
             "started_at": started_at,
             "ended_at": ended_at,
@@ -154,18 +172,22 @@ def job_docs(
             "prediction_source": prediction_source,
             "peak_mib": peak_mib,
             "cancel_requested": bool(cancel_requested),
-            "backend_handle": json.loads(handle) if handle else None,
+            "backend_handle": decode(handle)[0] if handle else None,
+            "tiers": len(names) if names else 1,
+            "start_tier": start_tier,
         }
         if with_line and state == "running" and adir is not None:
-            from pathlib import Path
-
-            from gpusched.attempt import AttemptPaths
-
-            doc["last_line"] = AttemptPaths(Path(adir)).last_line()[:200]
-        doc["tiers"] = len(names) if names else 1
-        doc["start_tier"] = None
+            doc["last_line"] = _last_line(adir)
         out.append(doc)
     return out
+
+
+def _last_line(adir: str) -> str:
+    from pathlib import Path
+
+    from gpusched.attempt import AttemptPaths
+
+    return AttemptPaths(Path(adir)).last_line()[:200]
 
 
 def attribution(
@@ -195,41 +217,32 @@ def _process_doc(att: memory.Attribution, gpu: int, pid: int, used_mib: int | No
     return {"pid": pid, "used_mib": used_mib, "ours": owner is not None, "job": job}
 
 
-def _queued_predictions(
-    store: Store,
-    rows: Sequence[tuple[Any, ...]],
-    jdocs: list[dict[str, Any]],
-    suites: dict[str, SuiteRow],
-    gpus: list[GpuState],
-) -> None:
-    """Queued jobs get the prediction (and start tier) the scheduler would place them with.
+def queued_predictions(
+    store: Store, rows: Sequence[tuple[Any, ...]], suites: dict[str, SuiteRow], gpus: list[GpuState]
+) -> dict[Kind, ShownPrediction]:
+    """The prediction (and start tier) the scheduler would place the queued jobs among
+    ``rows`` with, by :data:`Kind`.
 
     A job that never ran has no history of its own, so all such jobs of one suite, task and
     tier get the same prediction (:func:`memwatch.demands` shares it too): one of them stands
     for the rest, and a queue of 10k costs a few demands, not 10k."""
-    stand_in: dict[tuple[str, str, int] | str, str] = {}  # kind of job -> the job asked about
-    kinds: list[tuple[dict[str, Any], tuple[str, str, int] | str]] = []
-    for row, doc in zip(rows, jdocs, strict=True):
+    stand_in: dict[Kind, str] = {}  # kind of job -> the job asked about
+    for row in rows:
         job_id, suite, _, task, state, tier, attempts = row[:7]
-        if state != "queued":
-            continue
-        kind = (suite, task, tier) if attempts == 0 else job_id
-        stand_in.setdefault(kind, job_id)
-        kinds.append((doc, kind))
-    if not kinds:
-        return
+        if state == "queued":
+            stand_in.setdefault((suite, task, tier) if attempts == 0 else job_id, job_id)
+    if not stand_in:
+        return {}
     jobs = [j for j in map(store.job, stand_in.values()) if j is not None]
     empty = memory.rooms(gpus, {}, DEFAULT_HEADROOM_FRAC)
     demand = memwatch.demands(store, jobs, suites.get, gpus, empty, headroom_frac=DEFAULT_HEADROOM_FRAC)
-    shown: dict[
-        str, tuple[int | None, str, str]
-    ] = {}  # job asked about -> prediction, its source, start tier
-    for job_id, dm in demand.items():
-        pred = dm.prediction()
-        shown[job_id] = (pred.mib, pred.source, dm.view.tiers[dm.view.tier].name)
-    for doc, kind in kinds:
-        if stand_in[kind] in shown:
-            doc["predicted_mib"], doc["prediction_source"], doc["start_tier"] = shown[stand_in[kind]]
+    out: dict[Kind, ShownPrediction] = {}
+    for kind, job_id in stand_in.items():
+        dm = demand.get(job_id)
+        if dm is not None:
+            pred = dm.prediction()
+            out[kind] = (pred.mib, pred.source, dm.view.tiers[dm.view.tier].name)
+    return out
 
 
 def host_doc(store: Store, host: memory.HostMemory | None, *, now: float) -> dict[str, Any]:
