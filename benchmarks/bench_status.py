@@ -2,18 +2,22 @@
 wall time of the whole command (interpreter start included), median of several runs (the
 commands taking turns).
 
-    python benchmarks/bench_status.py [--jobs 10000] [--runs 7] [--before DIR]
+    python benchmarks/bench_status.py [--jobs 10000] [--runs 7] [--before DIR] [--keep] [--instructions]
 
 The store is filled in-process (``Store.submit`` of one suite, then attempts through the
 store's own transitions): most jobs queued, some succeeded, some failed (with an attempt
 each), 14 running. No daemon runs; the probe is 16 fake GPUs. ``python -c pass`` and
 ``gpusched --version`` are timed too, as the floor any command pays. Besides wall time, the
-table gives the command's own CPU time (user + system), steadier on a shared machine.
+table gives the command's own CPU time (user + system), steadier on a shared machine;
+``--instructions`` adds each command's instruction count under valgrind's callgrind (one more
+run each, ~50x slower, with a fixed hash seed): the same from run to run within ~1 %, however
+busy the machine, so a change of a few percent shows.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import resource
 import subprocess
 import sys
@@ -87,6 +91,17 @@ def timed_run(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, f
     return wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, r.stdout
 
 
+def instructions(argv: list[str], env: dict[str, str], cwd: Path) -> int:
+    """Instructions the command executes (callgrind's ``Collected``), hash seed fixed."""
+    cg = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
+    seeded = {**env, "PYTHONHASHSEED": "0"}
+    r = subprocess.run([*cg, *argv], env=seeded, cwd=cwd, capture_output=True, text=True)
+    found = re.search(r"Collected : (\d+)", r.stderr)
+    if r.returncode != 0 or not found:
+        raise RuntimeError(f"callgrind {argv} -> {r.returncode}: {r.stderr[-2000:]}")
+    return int(found.group(1))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=10_000)
@@ -97,8 +112,18 @@ def main(argv: list[str] | None = None) -> int:
         help="another checkout of gpusched (e.g. `git worktree add /tmp/before COMMIT`): its commands are"
         " timed too, in the same rounds and on the same store",
     )
+    ap.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the filled store and print its GPUSCHED_HOME and project folder (to profile against)",
+    )
+    ap.add_argument(
+        "--instructions",
+        action="store_true",
+        help="also count each command's instructions under callgrind (needs valgrind)",
+    )
     args = ap.parse_args(argv)
-    with sandbox() as sb:
+    with sandbox(keep=args.keep) as sb:
         t0 = time.perf_counter()
         fill(sb, args.jobs, succeeded=args.jobs // 5, failed=args.jobs // 50, running=14)
         fill_s = time.perf_counter() - t0
@@ -129,12 +154,18 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(
                 [label, f"{median(walls[label]) * 1000:.0f}", f"{median(cpus[label]) * 1000:.0f}", size]
             )
+            if args.instructions:
+                cmd, cmd_env = commands[label]
+                rows[-1].append(f"{instructions(cmd, cmd_env, sb.project) / 1e6:.0f}")
     print(
         f"Status with {args.jobs} jobs in the store (filled in {fill_s:.1f} s), median of {args.runs} runs "
         f"({machine()})\n"
     )
-    print(table(["command", "wall ms", "cpu ms", "output"], rows))
+    heads = ["command", "wall ms", "cpu ms", "output"] + ["M instructions"] * args.instructions
+    print(table(heads, rows))
     print("\naim: <= 150 ms; the plain table stays readable (rows capped, the rest summarised)")
+    if args.keep:
+        print(f"\nkept: GPUSCHED_HOME={sb.home} GPUSCHED_FAKE_GPUS=16x24GiB, run from {sb.project}")
     return 0
 
 
