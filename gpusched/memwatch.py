@@ -368,7 +368,8 @@ def _predictions(
         )
         for t in range(len(suite.suite.tiers))
     ]
-    return tuple(memory.fill_ladder(preds, {}, ratios))
+    floors = memory.oom_floors(samples, job.task, len(suite.suite.tiers))
+    return tuple(memory.fill_ladder(preds, {}, ratios, whole_mib=best, floors=floors))
 
 
 def _start(

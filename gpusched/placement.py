@@ -36,7 +36,10 @@ the cards the first pass left: a slower tier only takes room no job could use at
 starved job (``pack_now``: later jobs kept overtaking it) tries all of them at its turn in
 the first pass. A job moved down from its own tier only because its peak there is over a
 slot's share (``faster``) takes that faster tier, at its turn, on a card where it fills the
-last slot and fits beside what runs there (:func:`fill_last_slot`).
+last slot and fits beside what runs there (:func:`fill_last_slot`). The first pass keeps a
+job off an empty card of which it would take more than a slot's share (:func:`alone_on`:
+the card's other slots would idle beside it), leaving the card to a later job that leaves
+room; the second pass gives it the card when none did.
 
 Every placement carries a reason; every job left waiting carries the binding constraint:
 the veto of the GPUs that got furthest through the checks above.
@@ -137,8 +140,9 @@ def assign(
     held = held_jobs(gpus)
     first = [(j, None) for j in sorted(queued, key=job_order)]
     keys = {id(j): rules_key(j, held) for j in queued}  # once per job, for both passes
-    waits = _pass(first, views, placements, keys, headroom_frac)
-    left = _pass(waits, views, placements, keys, headroom_frac)
+    spared: set[int] = set()  # id() of the jobs the first pass kept off a card they would take alone
+    waits = _pass(first, views, placements, keys, headroom_frac, spared)
+    left = _pass(waits, views, placements, keys, headroom_frac, spared)
     return Decision(placements=tuple(placements), waits=tuple(w for _, w in left))
 
 
@@ -148,32 +152,45 @@ def _pass(
     placements: list[Placement],
     keys: Mapping[int, tuple[object, ...]],
     headroom_frac: float,
+    spared: set[int],
 ) -> list[tuple[QueuedJob, Wait]]:
     """One pass of :func:`assign` over (job, why it waited in the first pass; ``None`` in the
     first pass): places what it can (updating ``views`` and ``placements``) and returns the
     jobs left waiting with why. A job that waits leaves the views as they were, so a later job
     the rules cannot tell from it waits for the same reason: a long queue costs one check per
     kind of job, not one per job, until the next placement changes the views. ``keys``: each
-    job's :func:`rules_key`, by ``id(job)``."""
+    job's :func:`rules_key`, by ``id(job)``; ``spared``: the jobs the first pass kept off a
+    card they would take alone (:func:`alone_on`), which the second tries at their own tier
+    again on every card."""
     waits: list[tuple[QueuedJob, Wait]] = []
     waited: dict[tuple[object, ...], Wait] = {}
+    empty = [g for g in views.values() if g.running == 0]  # the cards a job may take alone
     for job, before in jobs:
         if before is None:  # the first pass: a starved job may fall back at its turn
             falls = job.fallback if job.pack_now else ()
         else:  # the second: one tier down (a starved job tried all of them already)
             falls = () if job.pack_now else job.fallback[:1]
-        if before is not None and not falls:
+        again = before is not None and id(job) in spared
+        if before is None and empty and any(alone_on(job, g, headroom_frac) for g in empty):
+            spared.add(id(job))
+        if before is not None and not falls and not again:
             waits.append((job, before))  # nothing new to try: its first-pass why stands
             continue
-        key = (keys[id(job)], falls)
+        key = (keys[id(job)], falls, again)
         if key in waited:
-            waits.append((job, before or Wait(job_id=job.job_id, reason=waited[key].reason)))
+            why = Wait(job_id=job.job_id, reason=waited[key].reason)
+            waits.append((job, why if again else before or why))
             continue
         outcome, placed = _place_or_fall(
-            job, list(views.values()), headroom_frac, own=before is None, falls=falls
+            job,
+            list(views.values()),
+            headroom_frac,
+            own=before is None or again,
+            falls=falls,
+            share=not again,
         )
         if outcome is None or isinstance(outcome, Wait):
-            wait = before or outcome
+            wait = outcome if again and isinstance(outcome, Wait) else before or outcome
             assert wait is not None
             waits.append((job, wait))
             waited[key] = wait
@@ -182,6 +199,7 @@ def _pass(
         waited.clear()
         if outcome.gpu is not None:
             views[outcome.gpu] = occupy(views[outcome.gpu], placed)
+            empty = [g for g in empty if g.index != outcome.gpu]
     return waits
 
 
@@ -192,15 +210,18 @@ def _place_or_fall(
     *,
     own: bool,
     falls: Sequence[tuple[int, int | None]],
+    share: bool = True,
 ) -> tuple[Placement | Wait | None, QueuedJob]:
-    """``job`` at its own tier (when ``own``), else, when memory keeps it off every card, at
-    the first of ``falls`` that fits a card now. Returns the placement (or the wait at its own
-    tier; ``None`` when its own tier was not tried) and the job as placed."""
+    """``job`` at its own tier (when ``own``; with ``share``, not on a card it would take
+    alone, :func:`alone_on`), else, when memory keeps it off every card, at the first of
+    ``falls`` that fits a card now. Returns the placement (or the wait at its own tier;
+    ``None`` when its own tier was not tried) and the job as placed."""
     if own and job.faster:
         up = fill_last_slot(job, views, headroom_frac)
         if up is not None:
             return up
-    outcome = place_one(job, views, headroom_frac) if own else None
+    shared = [g for g in views if not alone_on(job, g, headroom_frac)] if share else views
+    outcome = place_one(job, shared, headroom_frac) if own else None
     if isinstance(outcome, Placement):
         return outcome, job
     if falls and memory_bound(job, views, headroom_frac):
@@ -210,6 +231,21 @@ def _place_or_fall(
             if isinstance(fell, Placement):
                 return replace(fell, reason=f"{fallback_note(job, lower)}; {fell.reason}"), lower
     return outcome, job
+
+
+def alone_on(job: QueuedJob, gpu: GpuSlotView, headroom_frac: float) -> bool:
+    """True when ``job`` would take more than a slot's share of an empty card that several
+    jobs may share (its usable memory, after headroom, over the plan's cap): the card's
+    other slots would likely idle beside it. The first pass keeps such a job off such a card,
+    so that a job that leaves room beside it may take it; the second gives it the card if
+    none did. On the E1-like trace this is the card with a colleague's 6 GiB notebook (15.6
+    GiB usable, 7.8 a slot): a 13-15 GiB job alone there idled its other slot for 1-3 h a
+    night; the eight seeds went from 1.124 to 1.117 x the lower bound (1.112 with the ladder
+    from an OOM's peak, ``memory.fill_ladder``), the eight others from 1.140 to 1.129."""
+    cap, usable = job.allowed.get(gpu.index, 0), gpu.usable_mib
+    if gpu.running or cap < 2 or usable is None or job.predicted_mib is None:
+        return False
+    return job.predicted_mib * cap > usable - headroom_mib(gpu, headroom_frac)
 
 
 def fill_last_slot(

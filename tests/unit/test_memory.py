@@ -180,6 +180,21 @@ def test_ladder_ratio_is_that_of_the_task_of_the_nearest_smaller_peak() -> None:
     assert memory.ladder_ratios([sample("cola", 0, 6)], tiers=4) == {}  # one tier only: no ratio
 
 
+def test_below_a_whole_card_stand_in_the_ladder_scales_the_ooms_peak() -> None:
+    """After an OOM at A the prediction there is a whole card (no peak): B is guessed from the
+    peak the OOM measured, by the largest ratio, not from the whole card."""
+    samples = [sample("mnli", 0, 11, Outcome.OOM), sample("mnli", 0, 9.5, Outcome.OOM), sample("sst2", 1, 5)]
+    floors = memory.oom_floors(samples, "mnli", 4)
+    assert floors == [11 * GIB, None, None, None]
+    points = {1: ((7 * GIB, 0.8), (13 * GIB, 0.65))}
+    whole = int(21.6 * GIB)
+    preds = [Prediction(mib=whole, source="task"), Prediction(mib=10 * GIB, source="default")]
+    filled = memory.fill_ladder(preds, {}, points, whole_mib=whole, floors=floors)
+    assert filled[1] == Prediction(mib=math.ceil(11 * GIB * 0.8), source="ladder")
+    stand_in = memory.fill_ladder(preds, {}, points)  # without the floors: the whole card scaled
+    assert stand_in[1] == Prediction(mib=math.ceil(whole * 0.65), source="ladder")
+
+
 def test_faster_tiers_are_the_learned_ones_between_a_jobs_own_tier_and_its_start() -> None:
     preds = (
         Prediction(mib=13 * GIB, source="task"),

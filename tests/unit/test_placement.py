@@ -15,6 +15,7 @@ from gpusched.placement import (
     Decision,
     GpuSlotView,
     QueuedJob,
+    alone_on,
     assign,
     gpu_views,
     headroom_mib,
@@ -370,7 +371,7 @@ def test_a_task_that_cannot_share_a_card_goes_by_its_queued_time_over_its_cards_
 
 
 def test_each_placement_updates_the_views() -> None:
-    jobs = [job(f"j{i}", seq=i, predicted=12 * GIB) for i in range(3)]
+    jobs = [job(f"j{i}", seq=i, predicted=12 * GIB, allowed={0: 2, 1: 1}) for i in range(3)]
     decision = assign(jobs, [gpu(0, free=30, total=80), gpu(1, free=20, total=80)], headroom_frac=0.0)
     assert [(p.job_id, p.gpu) for p in decision.placements] == [("j0", 0), ("j1", 1), ("j2", 0)]
     assert decision.placements[2].reason.startswith(
@@ -411,6 +412,24 @@ def test_a_job_moved_down_for_its_share_takes_its_faster_tier_where_it_fills_the
     assert isinstance(alone, Placement) and (alone.gpu, alone.tier) == (1, TIER_B)
     tight = one(moved, [gpu(0, running=1, free=15, total=24), empty], headroom_frac=0.10)
     assert isinstance(tight, Placement) and (tight.gpu, tight.tier) == (1, TIER_B)  # A does not fit
+
+
+def test_a_job_over_an_empty_cards_share_leaves_it_to_a_job_that_shares_it() -> None:
+    """``alone_on``: a card whose other slot would idle beside a job (15.6 GiB usable with a
+    notebook on it, a 13 GiB job) goes first to a job that leaves room; when none does, the
+    second pass gives it to the job anyway."""
+    notebook = gpu(0, free=18, total=24)  # 18 - 2.4 headroom = 15.6 usable, 7.8 a slot
+    big = job("big", seq=1, predicted=13 * GIB, seconds=5400)
+    small = job("small", seq=2, predicted=7 * GIB, seconds=2400)
+    assert alone_on(big, notebook, 0.10) and not alone_on(small, notebook, 0.10)
+    decision = assign([big, small], [notebook], headroom_frac=0.10)
+    assert [p.job_id for p in decision.placements] == ["small"]
+    assert [w.job_id for w in decision.waits] == ["big"]
+    assert decision.waits[0].reason.startswith("GPU 0 has")  # its own tier's why, on every card
+    alone = assign([big], [notebook], headroom_frac=0.10)  # nobody shares it: the big job takes it
+    assert [(p.job_id, p.gpu) for p in alone.placements] == [("big", 0)]
+    assert not alone_on(big, gpu(0, free=18, total=24, running=1), 0.10)  # it fills the last slot
+    assert not alone_on(replace(big, allowed={0: 1}), notebook, 0.10)  # a card for one job
 
 
 def test_gpu_views_merges_plan_probe_and_occupancy() -> None:
@@ -547,18 +566,20 @@ def test_exclusive_is_respected(queued: list[QueuedJob], gpus: list[GpuSlotView]
 @given(job_lists(), gpu_lists())
 def test_head_job_is_placed_when_it_fits_anywhere(queued: list[QueuedJob], gpus: list[GpuSlotView]):
     """No starvation of the head job: whatever comes after it, it goes first, at its own tier
-    (or, once starved, ``pack_now``, at the first of its slower tiers that fits). Its other
-    slower tiers only take what the jobs after it leave (the second pass)."""
+    (or, once starved, ``pack_now``, at the first of its slower tiers that fits), on the cards
+    it would not take alone (``alone_on``; those go to it in the second pass if no job after it
+    shares them). Its other slower tiers only take what the jobs after it leave."""
     if not queued:
         return
     head = min(queued, key=job_order)
     own = head if head.pack_now else replace(head, fallback=())
-    fits_alone = assign([own], gpus, headroom_frac=HEADROOM).placements
+    shared = [g for g in gpus if not alone_on(head, g, HEADROOM)]  # it leaves those to others first
+    fits_alone = assign([own], shared, headroom_frac=HEADROOM).placements
     decision = assign(queued, gpus, headroom_frac=HEADROOM)
     placed = [p for p in decision.placements if p.job_id == head.job_id]
     if fits_alone:
         assert decision.placements[0] == fits_alone[0]
-    else:
+    elif len(shared) == len(gpus):
         assert not placed or (placed[0].tier != head.tier and not head.pack_now)
 
 
