@@ -16,6 +16,7 @@ from gpusched.placement import (
     Decision,
     GpuSlotView,
     QueuedJob,
+    alone_on,
     assign,
     fallback_note,
     job_order,
@@ -33,7 +34,8 @@ LADDERS = (
 
 def assign_one_by_one(queued: list[QueuedJob], gpus: list[GpuSlotView], headroom_frac: float) -> Decision:
     """placement.assign without the shortcut: every job checked against every card, in two
-    passes (own tier, or a starved job's slower tiers, then one tier down)."""
+    passes (own tier, not on an empty card it would take alone, or a starved job's slower
+    tiers; then own tier on every card for a job kept off one, and one tier down)."""
     views = {g.index: g for g in sorted(gpus, key=lambda g: g.index)}
     placements: list[Placement] = []
     first: list[tuple[QueuedJob, Wait]] = []
@@ -50,15 +52,31 @@ def assign_one_by_one(queued: list[QueuedJob], gpus: list[GpuSlotView], headroom
                 return True
         return False
 
-    for job in sorted(queued, key=job_order):
-        outcome = place_one(job, list(views.values()), headroom_frac)
+    def own(job: QueuedJob, cards: list[GpuSlotView]) -> Placement | Wait:
+        outcome = place_one(job, cards, headroom_frac)
         if isinstance(outcome, Placement):
             placements.append(outcome)
             if outcome.gpu is not None:
                 views[outcome.gpu] = occupy(views[outcome.gpu], job)
-        elif not (job.pack_now and attempt(job, job.fallback)):
+        return outcome
+
+    spared = set()  # kept off an empty card they would take alone, in the first pass
+    for job in sorted(queued, key=job_order):
+        if any(alone_on(job, g, headroom_frac) for g in views.values()):
+            spared.add(job.job_id)
+        shared = [g for g in views.values() if not alone_on(job, g, headroom_frac)]
+        outcome = own(job, shared)
+        if not isinstance(outcome, Placement) and not (job.pack_now and attempt(job, job.fallback)):
             first.append((job, outcome))
-    waits = [w for job, w in first if job.pack_now or not attempt(job, job.fallback[:1])]
+    waits = []
+    for job, wait in first:
+        if job.job_id in spared:  # the second pass: its own tier on every card, then one down
+            outcome = own(job, list(views.values()))
+            if isinstance(outcome, Placement):
+                continue
+            wait = outcome
+        if job.pack_now or not attempt(job, job.fallback[:1]):
+            waits.append(wait)
     return Decision(placements=tuple(placements), waits=tuple(waits))
 
 
