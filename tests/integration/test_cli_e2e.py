@@ -148,6 +148,28 @@ def test_cancel_stops_a_helper_that_left_the_jobs_process_group(gs_home: Path, p
 
 
 @pytest.mark.skipif(not shutil.which("tmux"), reason="tmux not installed")
+def test_a_daemon_started_from_inside_a_job_does_not_lend_it_the_tmux_server(
+    gs_home: Path, project: Path
+) -> None:
+    """A job that submits jobs starts the daemon with its own GPUSCHED_TOKEN in the
+    environment. The tmux server that daemon starts must not carry it: cancel finds a job's
+    processes by that token, and would take the server (and every pane) along."""
+    write_plan(project, "inner", PLAN)
+    inside_a_job = {**FAKE, "GPUSCHED_TOKEN": "outer-job-token"}
+    run_cli(
+        "submit", "--suite", "inner", "--only", "1-sst2", "--gpu-plan", "1", "--backend", "tmux",
+        cwd=project, env=inside_a_job, check=True,
+    )  # fmt: skip
+    run_cli("wait", "--suite", "inner", "--quiet", "--timeout", "60", cwd=project)
+    sock = str(Home(gs_home).tmux_socket)
+    server = int(
+        subprocess.run(["tmux", "-S", sock, "display", "-p", "#{pid}"], capture_output=True, text=True).stdout
+    )
+    assert server not in proc.carrying("GPUSCHED_TOKEN", "outer-job-token")
+    assert b"GPUSCHED_TOKEN=outer-job-token" not in Path(f"/proc/{server}/environ").read_bytes()
+
+
+@pytest.mark.skipif(not shutil.which("tmux"), reason="tmux not installed")
 def test_attach_lands_in_the_jobs_live_pane(gs_home: Path, project: Path, tmp_path: Path) -> None:
     write_plan(project, "att", PLAN.replace("step_time_s: 0.05", "step_time_s: 2"))
     run_cli(
