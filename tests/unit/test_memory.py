@@ -290,9 +290,10 @@ def test_a_starved_job_takes_its_first_slower_tier_that_fits_at_its_turn() -> No
 
 def test_pack_gives_every_job_its_slower_tiers_and_the_starved_ones_at_once() -> None:
     preds = tuple(Prediction(mib=m * GIB, source="task") for m in (14, 9, 6, 4))
-    d = memwatch.Demand(view=job(14), predictions=preds)
+    one = {0: 2}  # more jobs than cards: not the last wave (see the test after the next)
+    d = memwatch.Demand(view=job(14, allowed=one), predictions=preds)
     out = memwatch.pack(
-        {"j": d, "k": replace(d, view=job(14, name="k"))}, {"j": 0.0, "k": 900.0}, after_s=600
+        {"j": d, "k": replace(d, view=job(14, allowed=one, name="k"))}, {"j": 0.0, "k": 900.0}, after_s=600
     )
     assert out["j"].view.fallback == ((1, 9 * GIB), (2, 6 * GIB))  # D is exclusive: left out
     assert not out["j"].view.pack_now and out["k"].view.pack_now
@@ -311,6 +312,38 @@ def test_pack_keeps_a_view_that_already_has_its_fallbacks_and_is_not_starved() -
     assert out["j"] is d  # kept, not rebuilt
     assert out["k"].view.fallback == ready.fallback and not out["k"].view.pack_now  # filled in
     assert out["s"].view.pack_now and out["s"].view.fallback == ready.fallback  # starved: rebuilt
+
+
+def test_the_last_wave_falls_back_to_no_slower_tier() -> None:
+    """No more jobs waiting than cards they may use: each gets a slot at its own tier once a run
+    beside it ends, and a slower tier would only end the night later (seed 11 of
+    benchmarks/placement.py ran its last rte at C beside rte)."""
+    preds = tuple(Prediction(mib=m * GIB, source="task") for m in (14, 9, 6, 4))
+    d = memwatch.Demand(view=job(14), predictions=preds)  # may use cards 0 and 1
+    last = {"j": d, "k": replace(d, view=job(14, name="k"))}
+    assert memwatch.last_wave(last)
+    out = memwatch.pack(last, {"j": 0.0, "k": 900.0}, after_s=600)
+    assert all(o.view.fallback == () and not o.view.pack_now for o in out.values())
+    more = {**last, "m": replace(d, view=job(14, name="m"))}  # three jobs, two cards
+    assert not memwatch.last_wave(more)
+    assert memwatch.pack(more, {}, after_s=600)["j"].view.fallback == ((1, 9 * GIB), (2, 6 * GIB))
+
+
+def test_a_hold_goes_to_a_card_the_job_would_not_take_alone() -> None:
+    """Of two cards it fits emptied, a starved job is kept one where it leaves a slot's share
+    beside it, not the one with someone's notebook on it (15.6 GiB usable, 7.8 a slot), where
+    its card-mate's slot would idle for its whole run."""
+    views = [view(0, free=10, running=1), view(1, free=12, running=1)]
+    room = {0: 21 * GIB, 1: 15 * GIB}  # card 1: an outsider's 6 GiB
+    big = job(10, name="big")
+
+    def holds(v: list[GpuSlotView]) -> dict[int, str]:
+        return memory.choose_holds(
+            [(big, 3600)], v, room, current={}, hold_after_s=1800, max_holds=1, headroom_frac=0.1
+        )
+
+    assert holds(views) == {0: "big"}  # card 1 has more free now, but big would take it alone
+    assert holds([views[1]]) == {1: "big"}  # still held when it is the only card
 
 
 def test_a_job_memory_kept_waiting_long_gets_a_card_kept_free_and_nothing_else_lands_there() -> None:
