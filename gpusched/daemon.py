@@ -89,12 +89,17 @@ def start(home: Home, *, probe: str | None = None, timeout_s: float = 15.0) -> d
     from gpusched import proc
 
     with open(home.daemon_log, "ab") as out:
-        proc.spawn(argv, stdout=out, stderr=out)
+        child = proc.spawn(argv, stdout=out, stderr=out)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         current = info(home)
+        # Ours once it says so: between taking the lock and rewriting daemon.json, a daemon
+        # replacing one killed with -9 shows that one's "ready" file. Another daemon's, when
+        # ours lost the race for the lock to it (and exited).
         if current is not None and current.get("ready"):
-            return current
+            ours = current.get("pid") == child.pid
+            if ours or child.poll() is not None:
+                return current
         time.sleep(0.02)
     raise DaemonError(f"the daemon did not start within {timeout_s:.0f} s: see {home.daemon_log}")
 
