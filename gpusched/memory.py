@@ -173,14 +173,6 @@ def is_ramping(now: float, launched_at: float, last_growth_at: float | None, ram
 LEARNED = frozenset({"job", "task", "ladder"})
 
 
-def ladder_ratios(samples: Sequence[PeakSample], tiers: int) -> dict[int, float]:
-    """tier ``t`` -> the largest measured ratio of a task's peak at ``t`` to its peak at
-    ``t - 1`` (at most 1), over the tasks that ran at both. A tier-``t-1`` OOM's peak stands
-    in for a missing successful run there (it is a lower bound of that peak, so the ratio it
-    gives errs high: safe). :func:`ladder_points` keeps each task's ratio."""
-    return {t: max(r for _, r in points) for t, points in ladder_points(samples, tiers).items()}
-
-
 def ladder_points(samples: Sequence[PeakSample], tiers: int) -> dict[int, tuple[tuple[int, float], ...]]:
     """tier ``t`` -> (the task's peak at ``t - 1``, the ratio of its peak at ``t`` to that, at
     most 1), one per task that ran at both, smallest peak first. A tier-``t-1`` OOM's peak
@@ -230,17 +222,16 @@ def ladder_ratio(points: Sequence[tuple[int, float]], above_mib: int) -> float |
 
 def fill_ladder(
     predicted: Sequence[Prediction],
-    ratios: Mapping[int, float],
-    points: Mapping[int, Sequence[tuple[int, float]]] | None = None,
+    points: Mapping[int, Sequence[tuple[int, float]]],
     *,
     whole_mib: int | None = None,
     floors: Sequence[int | None] = (),
 ) -> list[Prediction]:
     """Predictions per tier with each default/unknown one below a learned one replaced by
-    that one scaled by the tier ratio (source ``"ladder"``), or capped by it when no ratio is
-    known (a more conservative tier never needs more; still a guess: its source stays).
-    ``points`` (:func:`ladder_points`), where given, pick the ratio by the size of the peak
-    scaled (:func:`ladder_ratio`) instead of ``ratios``.
+    that one scaled by the tier's ratio (source ``"ladder"``; ``points`` from
+    :func:`ladder_points`, the ratio picked by the size of the peak scaled, :func:`ladder_ratio`),
+    or capped by it when no ratio is known (a more conservative tier never needs more; still
+    a guess: its source stays).
 
     A prediction of ``whole_mib`` or more above (a whole card's usable memory) is no peak but
     what an OOM there stands for (``predict``: wait for an empty card); given the largest peak
@@ -258,10 +249,10 @@ def fill_ladder(
         if here.source in LEARNED or above.source not in LEARNED or above.mib is None:
             continue
         floor = floors[t - 1] if t - 1 < len(floors) else None
-        if whole_mib is not None and above.mib >= whole_mib and floor and points and t in points:
+        if whole_mib is not None and above.mib >= whole_mib and floor and points.get(t):
             out[t] = Prediction(mib=math.ceil(floor * max(r for _, r in points[t])), source="ladder")
             continue
-        ratio = ladder_ratio(points[t], above.mib) if points and t in points else ratios.get(t)
+        ratio = ladder_ratio(points.get(t, ()), above.mib)
         if ratio is not None:
             out[t] = Prediction(mib=math.ceil(above.mib * ratio), source="ladder")
         elif here.mib is None or above.mib < here.mib:

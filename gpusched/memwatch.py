@@ -214,7 +214,7 @@ def demands(
     tasks = {name: suite_tasks(store, row) for name, row in suites.items()}
     samples, runs = records(store, sorted(set().union(*tasks.values(), {j.task for j in jobs})))
     running = running_for(store, now) if now is not None else Running({}, {})
-    ratios = {  # tier -> (peak one tier up, ratio) per task, by suite
+    ladders = {  # tier -> (peak one tier up, ratio) per task, by suite
         name: memory.ladder_points([s for t in tasks[name] for s in samples.get(t, [])], len(row.suite.tiers))
         for name, row in suites.items()
     }
@@ -247,7 +247,7 @@ def demands(
                 gpus,
                 room_mib,
                 samples.get(job.task, []),
-                ratios[job.suite],
+                ladders[job.suite],
                 headroom_frac,
                 running.peak_mib,
             )
@@ -351,7 +351,7 @@ def _predictions(
     gpus: Sequence[GpuState],
     room_mib: Mapping[int, int],
     samples: Sequence[predict.PeakSample],
-    ratios: Mapping[int, Sequence[tuple[int, float]]],
+    ladder: Mapping[int, Sequence[tuple[int, float]]],
     headroom_frac: float,
     running_mib: Mapping[tuple[str, int], int],
 ) -> tuple[predict.Prediction, ...]:
@@ -369,7 +369,7 @@ def _predictions(
         for t in range(len(suite.suite.tiers))
     ]
     floors = memory.oom_floors(samples, job.task, len(suite.suite.tiers))
-    return tuple(memory.fill_ladder(preds, {}, ratios, whole_mib=best, floors=floors))
+    return tuple(memory.fill_ladder(preds, ladder, whole_mib=best, floors=floors))
 
 
 def _start(

@@ -123,8 +123,8 @@ def sample(task: str, tier: int, peak: float, outcome: Outcome = Outcome.OK, job
     return PeakSample(job_id=job_id, task=task, tier=tier, peak_mib=int(peak * GIB), outcome=outcome)
 
 
-def test_ladder_ratio_is_the_largest_measured_between_two_tiers_and_at_most_one() -> None:
-    ratios = memory.ladder_ratios(
+def test_ladder_points_are_each_tasks_ratio_between_two_tiers_at_most_one() -> None:
+    points = memory.ladder_points(
         [
             sample("qnli", 0, 14),
             sample("qnli", 1, 9),
@@ -137,8 +137,12 @@ def test_ladder_ratio_is_the_largest_measured_between_two_tiers_and_at_most_one(
         ],
         tiers=4,
     )
-    assert ratios[1] == pytest.approx(0.75)  # mnli's 9/12 beats qnli's 9/14 and boolq's 15/22
-    assert ratios[2] == 1.0  # capped: a more conservative tier never needs more
+    assert points[1] == (  # smallest peak first; boolq's from its OOM's peak (a lower bound)
+        (12 * GIB, pytest.approx(0.75)),
+        (14 * GIB, pytest.approx(9 / 14)),
+        (22 * GIB, pytest.approx(15 / 22)),
+    )
+    assert points[2] == ((8 * GIB, 1.0),)  # capped: a more conservative tier never needs more
 
 
 def test_fill_ladder_scales_a_learned_peak_down_and_otherwise_only_caps_the_guess() -> None:
@@ -147,7 +151,7 @@ def test_fill_ladder_scales_a_learned_peak_down_and_otherwise_only_caps_the_gues
         Prediction(mib=11 * GIB, source="default"),
         Prediction(mib=11 * GIB, source="default"),
     ]
-    scaled = memory.fill_ladder(preds, {1: 0.6})
+    scaled = memory.fill_ladder(preds, {1: ((14 * GIB, 0.6),)})
     assert scaled[1] == Prediction(mib=int(14 * GIB * 0.6) + 1, source="ladder")
     assert scaled[2].source == "default" and scaled[2].mib == scaled[1].mib  # capped, still a guess
     small = [Prediction(mib=6 * GIB, source="task"), Prediction(mib=11 * GIB, source="default")]
@@ -175,9 +179,9 @@ def test_ladder_ratio_is_that_of_the_task_of_the_nearest_smaller_peak() -> None:
     assert memory.ladder_ratio(points[1], 20 * GIB) == pytest.approx(0.8, abs=1e-3)  # boolq's
     assert memory.ladder_ratio((), 10 * GIB) is None
     preds = [Prediction(mib=int(14.5 * GIB), source="task"), Prediction(mib=11 * GIB, source="default")]
-    filled = memory.fill_ladder(preds, {1: 0.8}, points)
+    filled = memory.fill_ladder(preds, points)
     assert filled[1] == Prediction(mib=math.ceil(int(14.5 * GIB) * points[1][1][1]), source="ladder")
-    assert memory.ladder_ratios([sample("cola", 0, 6)], tiers=4) == {}  # one tier only: no ratio
+    assert memory.ladder_points([sample("cola", 0, 6)], tiers=4) == {}  # one tier only: no ratio
 
 
 def test_below_a_whole_card_stand_in_the_ladder_scales_the_ooms_peak() -> None:
@@ -189,9 +193,9 @@ def test_below_a_whole_card_stand_in_the_ladder_scales_the_ooms_peak() -> None:
     points = {1: ((7 * GIB, 0.8), (13 * GIB, 0.65))}
     whole = int(21.6 * GIB)
     preds = [Prediction(mib=whole, source="task"), Prediction(mib=10 * GIB, source="default")]
-    filled = memory.fill_ladder(preds, {}, points, whole_mib=whole, floors=floors)
+    filled = memory.fill_ladder(preds, points, whole_mib=whole, floors=floors)
     assert filled[1] == Prediction(mib=math.ceil(11 * GIB * 0.8), source="ladder")
-    stand_in = memory.fill_ladder(preds, {}, points)  # without the floors: the whole card scaled
+    stand_in = memory.fill_ladder(preds, points)  # without the floors: the whole card scaled
     assert stand_in[1] == Prediction(mib=math.ceil(whole * 0.65), source="ladder")
 
 
