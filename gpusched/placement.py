@@ -131,106 +131,149 @@ def assign(
 ) -> Decision:
     """Place as many queued jobs as the rules allow (see the module docstring).
 
-    Two passes over the queue, in :func:`job_order`: the first places each job at its own tier
-    (a job with ``pack_now`` also at the first of its ``fallback`` tiers that fits, at its
-    turn); the second gives the jobs memory left waiting their ``fallback`` tiers on what the
-    first left, so a slower tier only fills room that no job could take at its own."""
+    Two passes over the queue, in :func:`job_order`: :func:`_first_pass` places each job at its
+    own tier (a starved job also at a slower one, at its turn); :func:`_second_pass` gives the
+    jobs it left waiting what it held back, on what it left: one tier down, and the empty card
+    a job was kept off (it would take it alone), so a slower tier or a lone job only fills room
+    that no job could take at its own tier and beside another."""
     views = {g.index: g for g in sorted(gpus, key=lambda g: g.index)}
     placements: list[Placement] = []
     held = held_jobs(gpus)
-    first = [(j, None) for j in sorted(queued, key=job_order)]
     keys = {id(j): rules_key(j, held) for j in queued}  # once per job, for both passes
-    spared: set[int] = set()  # id() of the jobs the first pass kept off a card they would take alone
-    waits = _pass(first, views, placements, keys, headroom_frac, spared)
-    left = _pass(waits, views, placements, keys, headroom_frac, spared)
+    waits, spared = _first_pass(sorted(queued, key=job_order), views, placements, keys, headroom_frac)
+    left = _second_pass(waits, views, placements, keys, headroom_frac, spared)
     return Decision(placements=tuple(placements), waits=tuple(w for _, w in left))
 
 
-def _pass(
-    jobs: Sequence[tuple[QueuedJob, Wait | None]],
+# Both passes walk the queue in order and share two habits. A placement updates ``views`` (the
+# card's ``running`` and ``reserved``) and is appended to ``placements``. A job that waits
+# leaves the views as they were, so a later job the rules cannot tell from it (the same key:
+# its :func:`rules_key` and what the pass tries for it) waits for the same reason: a long queue
+# costs one check per kind of job, not one per job, until the next placement changes the views.
+
+_Key = tuple[object, ...]
+
+
+def _first_pass(
+    jobs: Sequence[QueuedJob],
     views: dict[int, GpuSlotView],
     placements: list[Placement],
-    keys: Mapping[int, tuple[object, ...]],
+    keys: Mapping[int, _Key],
+    headroom_frac: float,
+) -> tuple[list[tuple[QueuedJob, Wait]], set[int]]:
+    """Each job at its own tier, not on an empty card it would take alone (:func:`alone_on`),
+    and a starved one (``pack_now``) at the first of its ``fallback`` tiers that fits where
+    memory keeps it off every card at its own. Returns the jobs left waiting with why, and the
+    ``id()`` of the jobs for which, at their turn, an empty card was one they would take alone
+    (the second pass tries those again at their own tier, on every card)."""
+    waits: list[tuple[QueuedJob, Wait]] = []
+    spared: set[int] = set()
+    waited: dict[_Key, Wait] = {}
+    empty = [g for g in views.values() if g.running == 0]  # the cards a job may take alone
+    for job in jobs:
+        if any(alone_on(job, g, headroom_frac) for g in empty):
+            spared.add(id(job))
+        falls = job.fallback if job.pack_now else ()
+        key = (keys[id(job)], falls)
+        if key in waited:
+            waits.append((job, Wait(job_id=job.job_id, reason=waited[key].reason)))
+            continue
+        cards = list(views.values())
+        outcome, placed = _own_tier(job, cards, headroom_frac, share=True)
+        if not isinstance(outcome, Placement):
+            outcome, placed = _slower_tier(job, cards, headroom_frac, falls) or (outcome, job)
+        if isinstance(outcome, Placement):
+            _occupy(outcome, placed, views, placements)
+            waited.clear()
+            empty = [g for g in empty if g.index != outcome.gpu]
+        else:
+            waits.append((job, outcome))
+            waited[key] = outcome
+    return waits, spared
+
+
+def _second_pass(
+    jobs: Sequence[tuple[QueuedJob, Wait]],
+    views: dict[int, GpuSlotView],
+    placements: list[Placement],
+    keys: Mapping[int, _Key],
     headroom_frac: float,
     spared: set[int],
 ) -> list[tuple[QueuedJob, Wait]]:
-    """One pass of :func:`assign` over (job, why it waited in the first pass; ``None`` in the
-    first pass): places what it can (updating ``views`` and ``placements``) and returns the
-    jobs left waiting with why. A job that waits leaves the views as they were, so a later job
-    the rules cannot tell from it waits for the same reason: a long queue costs one check per
-    kind of job, not one per job, until the next placement changes the views. ``keys``: each
-    job's :func:`rules_key`, by ``id(job)``; ``spared``: the jobs the first pass kept off a
-    card they would take alone (:func:`alone_on`), which the second tries at their own tier
-    again on every card."""
+    """The jobs the first pass left waiting (with why), on the cards it left: a job the first
+    pass kept off an empty card it would take alone (``spared``) tries its own tier again on
+    every card, and a job memory keeps off every card at its own tier takes the first of its
+    ``fallback`` tiers (one tier down) that fits now (not a starved one: it tried them all at
+    its turn). Returns the jobs still waiting: with the first pass's why, or for a spared job
+    with why its own tier fits no card now."""
     waits: list[tuple[QueuedJob, Wait]] = []
-    waited: dict[tuple[object, ...], Wait] = {}
-    empty = [g for g in views.values() if g.running == 0]  # the cards a job may take alone
+    waited: dict[_Key, Wait] = {}
     for job, before in jobs:
-        if before is None:  # the first pass: a starved job may fall back at its turn
-            falls = job.fallback if job.pack_now else ()
-        else:  # the second: one tier down (a starved job tried all of them already)
-            falls = () if job.pack_now else job.fallback[:1]
-        again = before is not None and id(job) in spared
-        if before is None and empty and any(alone_on(job, g, headroom_frac) for g in empty):
-            spared.add(id(job))
-        if before is not None and not falls and not again:
+        again = id(job) in spared
+        falls = () if job.pack_now else job.fallback[:1]
+        if not falls and not again:
             waits.append((job, before))  # nothing new to try: its first-pass why stands
             continue
         key = (keys[id(job)], falls, again)
         if key in waited:
-            why = Wait(job_id=job.job_id, reason=waited[key].reason)
-            waits.append((job, why if again else before or why))
+            waits.append((job, Wait(job_id=job.job_id, reason=waited[key].reason) if again else before))
             continue
-        outcome, placed = _place_or_fall(
-            job,
-            list(views.values()),
-            headroom_frac,
-            own=before is None or again,
-            falls=falls,
-            share=not again,
-        )
-        if outcome is None or isinstance(outcome, Wait):
-            wait = outcome if again and isinstance(outcome, Wait) else before or outcome
-            assert wait is not None
-            waits.append((job, wait))
-            waited[key] = wait
-            continue
-        placements.append(outcome)
-        waited.clear()
-        if outcome.gpu is not None:
-            views[outcome.gpu] = occupy(views[outcome.gpu], placed)
-            empty = [g for g in empty if g.index != outcome.gpu]
+        cards = list(views.values())
+        outcome: Placement | Wait = before
+        placed = job
+        if again:
+            outcome, placed = _own_tier(job, cards, headroom_frac, share=False)
+        if not isinstance(outcome, Placement):
+            outcome, placed = _slower_tier(job, cards, headroom_frac, falls) or (outcome, job)
+        if isinstance(outcome, Placement):
+            _occupy(outcome, placed, views, placements)
+            waited.clear()
+        else:
+            waits.append((job, outcome))
+            waited[key] = outcome
     return waits
 
 
-def _place_or_fall(
-    job: QueuedJob,
-    views: Sequence[GpuSlotView],
-    headroom_frac: float,
-    *,
-    own: bool,
-    falls: Sequence[tuple[int, int | None]],
-    share: bool = True,
-) -> tuple[Placement | Wait | None, QueuedJob]:
-    """``job`` at its own tier (when ``own``; with ``share``, not on a card it would take
-    alone, :func:`alone_on`), else, when memory keeps it off every card, at the first of
-    ``falls`` that fits a card now. Returns the placement (or the wait at its own tier;
-    ``None`` when its own tier was not tried) and the job as placed."""
-    if own and job.faster:
+def _occupy(
+    placement: Placement, job: QueuedJob, views: dict[int, GpuSlotView], placements: list[Placement]
+) -> None:
+    """Record ``placement`` of ``job`` (as placed: its tier and peak) and update its card's view."""
+    placements.append(placement)
+    if placement.gpu is not None:
+        views[placement.gpu] = occupy(views[placement.gpu], job)
+
+
+def _own_tier(
+    job: QueuedJob, views: Sequence[GpuSlotView], headroom_frac: float, *, share: bool
+) -> tuple[Placement | Wait, QueuedJob]:
+    """``job`` at its own tier, or at one of its ``faster`` tiers where that fills a card's last
+    slot (:func:`fill_last_slot`); with ``share``, not on a card it would take alone
+    (:func:`alone_on`). Returns the placement or why it waits, and the job as placed."""
+    if job.faster:
         up = fill_last_slot(job, views, headroom_frac)
         if up is not None:
             return up
-    shared = [g for g in views if not alone_on(job, g, headroom_frac)] if share else views
-    outcome = place_one(job, shared, headroom_frac) if own else None
-    if isinstance(outcome, Placement):
-        return outcome, job
-    if falls and memory_bound(job, views, headroom_frac):
-        for tier, predicted in falls:
-            lower = replace(job, tier=tier, predicted_mib=predicted, fallback=(), pack_now=False)
-            fell = place_one(lower, views, headroom_frac)
-            if isinstance(fell, Placement):
-                return replace(fell, reason=f"{fallback_note(job, lower)}; {fell.reason}"), lower
-    return outcome, job
+    cards = [g for g in views if not alone_on(job, g, headroom_frac)] if share else views
+    return place_one(job, cards, headroom_frac), job
+
+
+def _slower_tier(
+    job: QueuedJob,
+    views: Sequence[GpuSlotView],
+    headroom_frac: float,
+    falls: Sequence[tuple[int, int | None]],
+) -> tuple[Placement, QueuedJob] | None:
+    """``job`` at the first of ``falls`` (slower tiers, with their predicted peaks) that fits a
+    card now, when memory keeps it off every card at its own tier; the job as placed. ``None``
+    when it does not fall back."""
+    if not falls or not memory_bound(job, views, headroom_frac):
+        return None
+    for tier, predicted in falls:
+        lower = replace(job, tier=tier, predicted_mib=predicted, fallback=(), pack_now=False)
+        fell = place_one(lower, views, headroom_frac)
+        if isinstance(fell, Placement):
+            return replace(fell, reason=f"{fallback_note(job, lower)}; {fell.reason}"), lower
+    return None
 
 
 def alone_on(job: QueuedJob, gpu: GpuSlotView, headroom_frac: float) -> bool:
