@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
     from gpusched.attempt import AttemptPaths
     from gpusched.gpus import Probe
     from gpusched.home import Home
-    from gpusched.model import GpuPlan, Suite
+    from gpusched.model import GpuPlan, GpuState, Suite
     from gpusched.store import JobRow, Store
 
 
@@ -316,10 +316,11 @@ def _print_dry_run(suite: Suite, gplan: GpuPlan, backend: str, as_json: bool) ->
 # --------------------------------------------------------------------------- status
 
 
-def _status_doc(args: argparse.Namespace, store: Store, table_rows: int | None = None) -> dict[str, Any]:
+def _status_sources(args: argparse.Namespace) -> tuple[list[GpuState], dict[str, Any]]:
+    """The GPUs to show and the arguments of ``views.status_doc`` that come from outside the
+    store: the daemon, the probe's notice, the suite asked for and the Slurm details."""
     from gpusched import daemon
     from gpusched.gpus import published
-    from gpusched.views import status_doc
 
     home = _home()
     info = daemon.info(home)
@@ -329,9 +330,14 @@ def _status_doc(args: argparse.Namespace, store: Store, table_rows: int | None =
         probe = _probe(_daemon_probe_spec(info))
         seen = probe.snapshot(), probe.notice()
     gpus, notice = seen
-    doc = status_doc(store, gpus, daemon=info, suite=args.suite, notice=notice, table_rows=table_rows)
-    _add_slurm_details(doc)
-    return doc
+    return gpus, {"daemon": info, "suite": args.suite, "notice": notice, "running": _add_slurm_details}
+
+
+def _status_doc(args: argparse.Namespace, store: Store, table_rows: int | None = None) -> dict[str, Any]:
+    from gpusched.views import status_doc
+
+    gpus, kwargs = _status_sources(args)
+    return status_doc(store, gpus, table_rows=table_rows, **kwargs)
 
 
 @functools.cache
@@ -342,23 +348,19 @@ def _probe(spec: str | None) -> Probe:
     return make_probe(spec)
 
 
-def _add_slurm_details(doc: dict[str, Any]) -> None:
-    """Slurm job id, node and Slurm state of unfinished Slurm attempts (one batched query)."""
-    jobs = [j for j in doc["jobs"] if j["backend_handle"] and j["backend_handle"].get("slurm_job_id")]
+def _add_slurm_details(running: list[dict[str, Any]]) -> None:
+    """The Slurm state, node and reason of running Slurm attempts (one batched query)."""
+    jobs = [j for j in running if j["slurm"]]
     if not jobs:
         return
     from gpusched.executors.slurm import SlurmExecutor
 
     ex = SlurmExecutor(_home())
-    live = [j for j in jobs if j["state"] == "running"]
-    if live:
-        ex.refresh([j["backend_handle"] for j in live])
+    ex.refresh([j["backend_handle"] for j in jobs])
     for j in jobs:
-        slurm: dict[str, Any] = {"job_id": j["backend_handle"]["slurm_job_id"]}
-        info = ex.info(j["backend_handle"]) if j in live else None
+        info = ex.info(j["backend_handle"])
         if info is not None:
-            slurm.update(state=info.state, node=info.node, reason=info.reason)
-        j["slurm"] = slurm
+            j["slurm"].update(state=info.state, node=info.node, reason=info.reason)
 
 
 def _daemon_probe_spec(info: dict[str, Any] | None) -> str | None:
@@ -371,7 +373,10 @@ def _daemon_probe_spec(info: dict[str, Any] | None) -> str | None:
 def cmd_status(args: argparse.Namespace) -> int:
     store = _store(readonly=True)
     if args.json:
-        print(json.dumps(_status_doc(args, store), default=str))
+        from gpusched.views import status_json
+
+        gpus, kwargs = _status_sources(args)
+        print(status_json(store, gpus, **kwargs))
         return 0
     from gpusched.views import MAX_TABLE_JOBS, format_status
 

@@ -66,7 +66,7 @@ def test_suite_on_slurm_oom_requeue_error_cancel(gs_home: Path, project: Path) -
     retry_until(lambda: status(project)["sl/slow"]["state"] == "running", timeout=60)
     slow = retry_until(
         lambda: (
-            status(project)["sl/slow"].get("slurm", {}).get("state") == "RUNNING"
+            (status(project)["sl/slow"]["slurm"] or {}).get("state") == "RUNNING"
             and status(project)["sl/slow"]
         ),
         timeout=60,

@@ -17,7 +17,7 @@ from gpusched import memwatch
 from gpusched.attempt import AttemptPaths
 from gpusched.model import GpuPlan, JobSpec, Suite
 from gpusched.placement import DEFAULT_HEADROOM_FRAC
-from gpusched.views import _wrap, format_status
+from gpusched.views import _wrap, format_status, status_json
 from tests.unit.test_memory_scheduler import GIB, TIERS, Box, oom_tail
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -78,6 +78,58 @@ def test_each_job_is_its_record_and_its_newest_attempt(tmp_path: Path) -> None:
         if job.state.value == "running":
             assert "last_line" in d and d["runtime_s"] is not None
     assert json.loads(json.dumps(docs)) == docs  # plain data
+
+
+def test_status_json_is_the_status_document_as_text(tmp_path: Path) -> None:
+    """``status --json`` splices the entries SQLite wrote into the rest of the document: the
+    text must parse to what status_doc gives (every key, in order, for every kind of job), and
+    every entry has the same keys, null where they do not apply."""
+    box = busy_box(tmp_path)
+    (Path(box.attempt("E1/0-rte").dir) / "output.log").write_text("step 3/9\nstep 4/9 loss 0.5\n")
+    args = {"daemon": None, "now": box.now, "trees": box._trees, "host": box.host}
+    text = status_json(box.store, box.probe.snapshot(), **args)  # type: ignore[arg-type]
+    doc = box.status()
+    assert list(json.loads(text)) == list(doc) and json.loads(text) == doc
+    states = {j["state"] for j in doc["jobs"]}
+    assert {"queued", "running", "succeeded"} <= states
+    assert len({tuple(j) for j in doc["jobs"]}) == 1  # the same keys, in the same order
+    running = next(j for j in doc["jobs"] if j["id"] == "E1/0-rte")
+    assert running["last_line"] == "step 4/9 loss 0.5" and running["slurm"] is None
+    assert all(j["last_line"] is None for j in doc["jobs"] if j["state"] != "running")
+
+
+def test_a_slurm_attempt_shows_its_slurm_job_and_running_ones_what_the_cli_adds(tmp_path: Path) -> None:
+    from gpusched.model import Classification, ExitRecord, Outcome, Step, StepKind
+    from gpusched.store import NewAttempt, Store
+    from gpusched.views import status_doc
+
+    store = Store(tmp_path / "db.sqlite")
+    suite = mixed_suite(tmp_path)
+    store.submit(suite, GpuPlan(gpus=(0,), slots=(2,)), backend="slurm", cwd=str(tmp_path), env_path=None)
+    for k, job in enumerate(suite.jobs[:2]):
+        new = NewAttempt(
+            job_id=job.id, tier=0, tier_name="A", gpu=0, gpu_uuid=None, backend="slurm",
+            dir=str(tmp_path / job.name), token=f"t{k}", placement_reason="test",
+        )  # fmt: skip
+        aid = store.begin_attempt(new, now=1.0)
+        store.mark_running(aid, {"slurm_job_id": 40 + k}, now=2.0)
+    done = ExitRecord(exit_code=0, started_at=2.0, ended_at=5.0)
+    ok = Classification(outcome=Outcome.OK, reason="exit 0")
+    store.finish_attempt(
+        aid, exit=done, result=ok, step=Step(kind=StepKind.DONE, tier=0, reason="ok"), now=5.0
+    )
+
+    def add_state(running: list[dict]) -> None:  # type: ignore[type-arg]
+        for j in running:
+            j["slurm"]["state"] = "RUNNING"
+
+    doc = status_doc(store, [], daemon=None, now=10.0, running=add_state)
+    jobs = {j["id"]: j for j in doc["jobs"]}
+    assert jobs[suite.jobs[0].id]["slurm"] == {"job_id": 40, "state": "RUNNING"}
+    assert jobs[suite.jobs[0].id]["runtime_s"] == 8.0
+    assert jobs[suite.jobs[1].id]["slurm"] == {"job_id": 41}  # ended: not asked of Slurm
+    assert jobs[suite.jobs[1].id]["runtime_s"] == 3.0
+    assert jobs[suite.jobs[2].id]["slurm"] is None
 
 
 def test_queued_jobs_get_the_prediction_demands_gives_each_of_them(tmp_path: Path) -> None:
@@ -193,3 +245,18 @@ def test_status_answers_while_the_daemon_holds_the_write_lock(tmp_path: Path) ->
     finally:
         writer.db.execute("ROLLBACK")
         writer.close()
+
+
+def test_an_sqlite_without_json_functions_is_one_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The entries are SQLite's json_object: where the SQLite Python links lacks it, status
+    says so and what to use, instead of a traceback."""
+    from gpusched import store as store_mod
+    from gpusched.errors import StoreError
+    from gpusched.views import status_doc
+
+    box = busy_box(tmp_path)
+    monkeypatch.setattr(store_mod, "_ENTRY", store_mod._ENTRY.replace("json_object(", "json_object_x(", 1))
+    with pytest.raises(StoreError, match=r"JSON functions.*no such function: json_object_x.*SQLite 3\.38"):
+        status_doc(box.store, [], daemon=None)
