@@ -67,10 +67,15 @@ class Report:
         )
 
 
-def write_plan(project: Path, jobs: int, launches: Path, nap_s: float) -> None:
-    """``jobs`` jobs named j000..; each appends $GPUSCHED_JOB_ID to ``launches``, then naps."""
-    body = f'echo "$GPUSCHED_JOB_ID" >> {shlex.quote(str(launches))}; sleep {nap_s}'
+def write_plan(project: Path, jobs: int, launches: Path, nap_s: float, gate: Path) -> None:
+    """``jobs`` jobs named j000..; each appends $GPUSCHED_JOB_ID to ``launches``, then naps;
+    the last one then waits for ``gate`` to exist, so that the suite cannot end before the
+    last kill, however fast its other jobs run."""
     width = len(str(jobs - 1))
+    last = f"{SUITE}/j{jobs - 1:0{width}d}"
+    gated = shlex.quote(str(gate))
+    wait = f'if [ "$GPUSCHED_JOB_ID" = {last} ]; then while [ ! -e {gated} ]; do sleep 0.05; done; fi'
+    body = f'echo "$GPUSCHED_JOB_ID" >> {shlex.quote(str(launches))}; sleep {nap_s}; {wait}'
     plan = [
         "description: soak - every job records its own start",
         f"command: {json.dumps(f'sh -c {shlex.quote(body)} job {{config}}')}",
@@ -89,6 +94,7 @@ class Chaos:
         self.home = root / "home"
         self.project = root / "project"
         self.launches = root / "launches.txt"
+        self.gate = root / "gate"  # the last job ends once this exists: after the last kill
         self.backend = backend
         self.plan = ",".join([str(slots)] * gpus)
         self.env = {k: v for k, v in os.environ.items() if k != "TMUX"}
@@ -137,11 +143,12 @@ class Chaos:
         rng = random.Random(seed)
         t0 = time.monotonic()
         deadline = t0 + timeout_s
-        write_plan(self.project, jobs, self.launches, nap_s)
+        write_plan(self.project, jobs, self.launches, nap_s, self.gate)
         rep = Report(jobs=jobs)
         self.submit()
         # kill after these many launches (spread over the run), each plus a few random ms
-        # (within the first 80 % of launches, so that every kill finds work left to do)
+        # (within the first 80 % of launches; the last job waits for the gate, so every kill
+        # finds work left to do)
         points = sorted(rng.sample(range(1, max(2, jobs * 4 // 5)), min(kills, max(1, jobs * 4 // 5 - 1))))
         for i, point in enumerate(points):
             while self.started() < point and time.monotonic() < deadline:
@@ -165,6 +172,7 @@ class Chaos:
             if self.daemon_pid() is None and c["queued"] + c["running"]:
                 raise RuntimeError(f"the daemon did not come back after kill {rep.kills}")
             rep.restarts += 1
+        self.gate.touch()
         while time.monotonic() < deadline:
             c = self.counts()
             if c["queued"] == 0 and c["running"] == 0:
