@@ -21,6 +21,12 @@ from gpusched.views import _wrap, format_status, status_json
 from tests.unit.test_memory_scheduler import GIB, TIERS, Box, oom_tail
 
 ROOT = Path(__file__).resolve().parent.parent.parent
+#: The keys of a ``status --json`` job entry, as the README lists them: scripts rely on them.
+JOB_KEYS = (
+    "id", "suite", "name", "state", "tier", "tier_index", "attempt", "gpu", "outcome", "reason", "line",
+    "log", "runtime_s", "started_at", "ended_at", "predicted_mib", "prediction_source", "peak_mib",
+    "cancel_requested", "backend_handle", "tiers", "start_tier", "last_line", "slurm",
+)  # fmt: skip
 
 
 def mixed_suite(tmp: Path) -> Suite:
@@ -92,7 +98,7 @@ def test_status_json_is_the_status_document_as_text(tmp_path: Path) -> None:
     assert list(json.loads(text)) == list(doc) and json.loads(text) == doc
     states = {j["state"] for j in doc["jobs"]}
     assert {"queued", "running", "succeeded"} <= states
-    assert len({tuple(j) for j in doc["jobs"]}) == 1  # the same keys, in the same order
+    assert {tuple(j) for j in doc["jobs"]} == {JOB_KEYS}  # the same keys, in the same order, for all
     running = next(j for j in doc["jobs"] if j["id"] == "E1/0-rte")
     assert running["last_line"] == "step 4/9 loss 0.5" and running["slurm"] is None
     assert all(j["last_line"] is None for j in doc["jobs"] if j["state"] != "running")
