@@ -317,7 +317,7 @@ def _print_dry_run(suite: Suite, gplan: GpuPlan, backend: str, as_json: bool) ->
 
 
 def _status_sources(args: argparse.Namespace) -> tuple[list[GpuState], dict[str, Any]]:
-    """The GPUs to show and the arguments of ``views.status_doc`` that come from outside the
+    """The GPUs to show and the arguments of ``views.status`` that come from outside the
     store: the daemon, the probe's notice, the suite asked for and the Slurm details."""
     from gpusched import daemon
     from gpusched.gpus import published
@@ -334,10 +334,10 @@ def _status_sources(args: argparse.Namespace) -> tuple[list[GpuState], dict[str,
 
 
 def _status_doc(args: argparse.Namespace, store: Store, table_rows: int | None = None) -> dict[str, Any]:
-    from gpusched.views import status_doc
+    from gpusched.views import status
 
     gpus, kwargs = _status_sources(args)
-    return status_doc(store, gpus, table_rows=table_rows, **kwargs)
+    return status(store, gpus, table_rows=table_rows, **kwargs).doc()
 
 
 @functools.cache
@@ -373,10 +373,10 @@ def _daemon_probe_spec(info: dict[str, Any] | None) -> str | None:
 def cmd_status(args: argparse.Namespace) -> int:
     store = _store(readonly=True)
     if args.json:
-        from gpusched.views import status_json
+        from gpusched.views import status
 
         gpus, kwargs = _status_sources(args)
-        print(status_json(store, gpus, **kwargs))
+        print(status(store, gpus, **kwargs).text())
         return 0
     from gpusched.views import MAX_TABLE_JOBS, format_status
 

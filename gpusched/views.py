@@ -1,8 +1,8 @@
 """What ``status`` shows: one plain document (stable JSON keys) and its text rendering.
 
-``status_doc`` is plain data built from the store and a probe snapshot; its job entries are
-JSON text that SQLite builds (:meth:`Store.job_entries`), which ``status --json`` prints as
-they come (:func:`status_json`): it lists 10k jobs in the time of one query.
+:func:`status` is built from the store and a probe snapshot; its job entries are JSON text
+that SQLite builds (:meth:`Store.job_entries`), which ``status --json`` prints as they come
+(:meth:`Status.text`): it lists 10k jobs in the time of one query.
 ``format_status`` turns it into boxed tables with plain string formatting, no rich: a
 ``status`` costs little more than the interpreter's start.
 """
@@ -30,7 +30,32 @@ def gib(mib: int | None) -> str:
     return "?" if mib is None else f"{mib / 1024:.1f}"
 
 
-def status_doc(
+class Status:
+    """The status document: ``head`` (every key but ``jobs``) and each job's entry as the
+    JSON text SQLite wrote (:meth:`Store.job_entries`), from which :meth:`doc` builds plain
+    data and :meth:`text` the ``status --json`` output."""
+
+    def __init__(self, head: dict[str, Any], entries: list[str]) -> None:
+        self.head, self.entries = head, entries
+
+    def doc(self) -> dict[str, Any]:
+        """Plain data (``head`` and ``jobs``); keys of ``gpus`` and ``jobs`` entries are stable."""
+        return {**self.head, "jobs": [json.loads(e) for e in self.entries]}
+
+    def text(self) -> str:
+        """``json.dumps(self.doc())``, the entries spliced in as they are: 10k of them never
+        become Python objects."""
+        head = json.dumps(self.head, default=str)
+        return f'{head[:-1]}, "jobs": [{", ".join(self.entries)}]}}'
+
+
+#: A kind's prediction as status shows it: predicted MiB, its source, the tier it would start at.
+ShownPrediction = tuple[int | None, str, str]
+#: Completes the entries of running jobs (parsed, changed in place) before they are shown.
+RunningHook = Callable[[list[dict[str, Any]]], None]
+
+
+def status(
     store: Store,
     gpus: list[GpuState],
     *,
@@ -42,55 +67,13 @@ def status_doc(
     host: memory.HostMemory | None = None,
     table_rows: int | None = None,
     running: RunningHook | None = None,
-) -> dict[str, Any]:
-    """The whole status as plain data. Keys of ``gpus`` and ``jobs`` entries are stable.
-    ``jobs`` lists every job in submission order, or with ``table_rows`` only that many, the
-    ones the table shows first (running, failed, queued, cancelled, succeeded; at most
-    ``table_rows`` read per state): then the cost does not grow with the store. ``trees``
-    and ``host`` replace the real process table and host RAM (tests); ``running`` completes
-    the entries of running jobs (the CLI adds the Slurm state of Slurm attempts)."""
-    doc, entries = _status_parts(store, gpus, daemon, suite, notice, now, trees, host, table_rows, running)
-    return {**doc, "jobs": [json.loads(e) for e in entries]}
-
-
-def status_json(
-    store: Store,
-    gpus: list[GpuState],
-    *,
-    daemon: dict[str, Any] | None,
-    suite: str | None = None,
-    notice: str | None = None,
-    now: float | None = None,
-    trees: memwatch.TreesFn | None = None,
-    host: memory.HostMemory | None = None,
-    running: RunningHook | None = None,
-) -> str:
-    """``json.dumps`` of :func:`status_doc` for every job, the job entries spliced in as
-    SQLite wrote them (:meth:`Store.job_entries`): 10k of them never become Python objects."""
-    doc, entries = _status_parts(store, gpus, daemon, suite, notice, now, trees, host, None, running)
-    head = json.dumps(doc, default=str)
-    return f'{head[:-1]}, "jobs": [{", ".join(entries)}]}}'
-
-
-#: A kind's prediction as status shows it: predicted MiB, its source, the tier it would start at.
-ShownPrediction = tuple[int | None, str, str]
-#: Completes the entries of running jobs (parsed, changed in place) before they are shown.
-RunningHook = Callable[[list[dict[str, Any]]], None]
-
-
-def _status_parts(
-    store: Store,
-    gpus: list[GpuState],
-    daemon: dict[str, Any] | None,
-    suite: str | None,
-    notice: str | None,
-    now: float | None,
-    trees: memwatch.TreesFn | None,
-    host: memory.HostMemory | None,
-    table_rows: int | None,
-    running: RunningHook | None,
-) -> tuple[dict[str, Any], list[str]]:
-    """The status document less its ``jobs``, and the job entries as JSON text."""
+) -> Status:
+    """The whole status. ``jobs`` lists every job in submission order, or with ``table_rows``
+    only that many, the ones the table shows first (running, failed, queued, cancelled,
+    succeeded; at most ``table_rows`` read per state): then the cost does not grow with the
+    store. ``trees`` and ``host`` replace the real process table and host RAM (tests);
+    ``running`` completes the entries of running jobs (the CLI adds the Slurm state of Slurm
+    attempts)."""
     now = time.time() if now is None else now
     suites = {s.name: s for s in store.suites()}
     tier_names = {name: [t.name for t in s.suite.tiers] for name, s in suites.items()}
@@ -135,7 +118,7 @@ def _status_parts(
                 ],
             }
         )
-    doc = {
+    head = {
         "daemon": daemon,
         "notice": notice,
         "counts": store.counts(suite=suite),
@@ -143,7 +126,7 @@ def _status_parts(
         "host": host_doc(store, host, now=now),
         "gpus": gdocs,
     }
-    return doc, _complete_running(rows, running)
+    return Status(head, _complete_running(rows, running))
 
 
 def _complete_running(rows: list[tuple[str, str]], running: RunningHook | None) -> list[str]:

@@ -222,15 +222,15 @@ def test_the_status_table_reads_only_the_rows_it_shows(tmp_path) -> None:  # typ
     up by state, and the counts, GPUs and slots are those of the whole store."""
     from gpusched.model import GpuPlan
     from gpusched.store import Store
-    from gpusched.views import MAX_TABLE_JOBS, format_status, status_doc
+    from gpusched.views import MAX_TABLE_JOBS, format_status, status
     from tests.unit.test_scheduler import make_suite
 
     store = Store(tmp_path / "db.sqlite")
     suite = make_suite(tmp_path, n=300)
     store.submit(suite, GpuPlan(gpus=(0, 1), slots=(2, 1)), backend="fake", cwd=str(tmp_path), env_path=None)
     store.request_cancel([j.id for j in suite.jobs[10:]])
-    full = status_doc(store, [], daemon=None, now=0.0)
-    table = status_doc(store, [], daemon=None, now=0.0, table_rows=MAX_TABLE_JOBS)
+    full = status(store, [], daemon=None, now=0.0).doc()
+    table = status(store, [], daemon=None, now=0.0, table_rows=MAX_TABLE_JOBS).doc()
     first = table["jobs"]
     assert [j["state"] for j in first] == ["queued"] * 10 + ["cancelled"] * (MAX_TABLE_JOBS - 10)
     assert [j["name"] for j in first][9:11] == ["9-task", "10-task"]  # submission order within a state

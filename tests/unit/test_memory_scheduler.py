@@ -12,7 +12,7 @@ from gpusched.memory import HostMemory
 from gpusched.model import GpuPlan, GpuProcess, JobSpec, Suite, Tier
 from gpusched.scheduler import Scheduler, Settings
 from gpusched.store import Store
-from gpusched.views import format_status, memory_cell, status_doc
+from gpusched.views import format_status, memory_cell, status
 
 GIB = 1024
 TIERS = (Tier(name="A"), Tier(name="B"), Tier(name="C"), Tier(name="D", exclusive=True))
@@ -87,9 +87,9 @@ class Box:
         return token
 
     def status(self) -> dict:  # type: ignore[type-arg]
-        return status_doc(
+        return status(
             self.store, self.probe.snapshot(), daemon=None, now=self.now, trees=self._trees, host=self.host
-        )
+        ).doc()
 
     def attempt(self, job_id: str):  # type: ignore[no-untyped-def]
         return self.store.attempts(job_id)[-1]

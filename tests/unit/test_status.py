@@ -17,7 +17,7 @@ from gpusched import memwatch
 from gpusched.attempt import AttemptPaths
 from gpusched.model import GpuPlan, JobSpec, Suite
 from gpusched.placement import DEFAULT_HEADROOM_FRAC
-from gpusched.views import _wrap, format_status, status_json
+from gpusched.views import _wrap, format_status, status
 from tests.unit.test_memory_scheduler import GIB, TIERS, Box, oom_tail
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -88,12 +88,12 @@ def test_each_job_is_its_record_and_its_newest_attempt(tmp_path: Path) -> None:
 
 def test_status_json_is_the_status_document_as_text(tmp_path: Path) -> None:
     """``status --json`` splices the entries SQLite wrote into the rest of the document: the
-    text must parse to what status_doc gives (every key, in order, for every kind of job), and
+    text must parse to what Status.doc gives (every key, in order, for every kind of job), and
     every entry has the same keys, null where they do not apply."""
     box = busy_box(tmp_path)
     (Path(box.attempt("E1/0-rte").dir) / "output.log").write_text("step 3/9\nstep 4/9 loss 0.5\n")
     args = {"daemon": None, "now": box.now, "trees": box._trees, "host": box.host}
-    text = status_json(box.store, box.probe.snapshot(), **args)  # type: ignore[arg-type]
+    text = status(box.store, box.probe.snapshot(), **args).text()  # type: ignore[arg-type]
     doc = box.status()
     assert list(json.loads(text)) == list(doc) and json.loads(text) == doc
     states = {j["state"] for j in doc["jobs"]}
@@ -107,7 +107,7 @@ def test_status_json_is_the_status_document_as_text(tmp_path: Path) -> None:
 def test_a_slurm_attempt_shows_its_slurm_job_and_running_ones_what_the_cli_adds(tmp_path: Path) -> None:
     from gpusched.model import Classification, ExitRecord, Outcome, Step, StepKind
     from gpusched.store import NewAttempt, Store
-    from gpusched.views import status_doc
+    from gpusched.views import status
 
     store = Store(tmp_path / "db.sqlite")
     suite = mixed_suite(tmp_path)
@@ -129,7 +129,7 @@ def test_a_slurm_attempt_shows_its_slurm_job_and_running_ones_what_the_cli_adds(
         for j in running:
             j["slurm"]["state"] = "RUNNING"
 
-    doc = status_doc(store, [], daemon=None, now=10.0, running=add_state)
+    doc = status(store, [], daemon=None, now=10.0, running=add_state).doc()
     jobs = {j["id"]: j for j in doc["jobs"]}
     assert jobs[suite.jobs[0].id]["slurm"] == {"job_id": 40, "state": "RUNNING"}
     assert jobs[suite.jobs[0].id]["runtime_s"] == 8.0
@@ -260,9 +260,9 @@ def test_an_sqlite_without_json_functions_is_one_clear_error(
     says so and what to use, instead of a traceback."""
     from gpusched import store as store_mod
     from gpusched.errors import StoreError
-    from gpusched.views import status_doc
+    from gpusched.views import status
 
     box = busy_box(tmp_path)
     monkeypatch.setattr(store_mod, "_ENTRY", store_mod._ENTRY.replace("json_object(", "json_object_x(", 1))
     with pytest.raises(StoreError, match=r"JSON functions.*no such function: json_object_x.*SQLite 3\.38"):
-        status_doc(box.store, [], daemon=None)
+        status(box.store, [], daemon=None)
