@@ -129,10 +129,17 @@ CREATE INDEX IF NOT EXISTS gpu_samples_at ON gpu_samples(at);
 
 ACTIVE_STATES = (JobState.QUEUED.value, JobState.RUNNING.value)
 
-#: A queued job's kind, as status asks the scheduler's prediction of it: a job that never ran
-#: stands for its whole (suite, task, tier), fields joined by the unit separator; one with a
-#: history of its own, by its id (views.queued_predictions).
-_KIND = "CASE WHEN j.attempts = 0 THEN j.suite || char(31) || j.task || char(31) || j.tier ELSE j.id END"
+#: A queued job's kind, as status asks the scheduler's prediction of it: a job with a history
+#: of its own by its id; one that never ran by its suite, task and tier (fields joined by the
+#: unit separator), its task left out when no job of that task has run anywhere: such a task
+#: has no history to predict from, so all such predict alike, and a suite whose jobs are each
+#: their own task (a plan without ``task:``) asks once per tier, not once per job
+#: (views.queued_predictions).
+_KIND = (
+    "CASE WHEN j.attempts > 0 THEN j.id ELSE j.suite || char(31)"
+    " || (CASE WHEN j.task IN (SELECT task FROM jobs WHERE attempts > 0) THEN j.task ELSE '' END)"
+    " || char(31) || j.tier END"
+)
 
 #: One ``jobs`` entry of ``status --json`` (views.py documents the keys), built by SQLite's
 #: json_object from a job and its newest attempt (``a``), the tier names of its suite

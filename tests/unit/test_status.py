@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -139,12 +140,19 @@ def test_a_slurm_attempt_shows_its_slurm_job_and_running_ones_what_the_cli_adds(
 
 
 def test_queued_jobs_get_the_prediction_demands_gives_each_of_them(tmp_path: Path) -> None:
-    """status asks about one job per kind (suite, task, tier; or the job itself once it has a
-    history); every queued job must still show what memwatch.demands says of it alone."""
+    """status asks about one job per kind (suite, task, tier, the task left out while no job
+    of it has run; or the job itself once it has a history); every queued job must still show
+    what memwatch.demands says of it alone."""
     box = busy_box(tmp_path)
+    names = [f"solo-{i}" for i in range(5)]  # a plan without task: each job is its own task
+    solo = replace(
+        mixed_suite(tmp_path), name="solo", jobs=tuple(JobSpec(suite="solo", name=n, task=n) for n in names)
+    )
+    box.submit(replace(solo, jobs=(*solo.jobs, JobSpec(suite="solo", name="q", task="qnli"))))
+    assert len(box.store.queued_kinds(suite="solo")) == 2  # the five untried tasks ask once; qnli ran
     doc = box.status()
     queued = [j for j in box.store.jobs() if j.state.value == "queued"]
-    assert any(j.attempts for j in queued) and len({j.task for j in queued}) == 3
+    assert any(j.attempts for j in queued) and len({j.task for j in queued}) == 3 + 5
     suites = {s.name: s for s in box.store.suites()}
     gpus = box.probe.snapshot()
     from gpusched import memory
