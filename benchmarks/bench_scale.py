@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import psutil
 
-    from gpusched import plan
+    from gpusched import flags, plan
     from gpusched.attempt import write_env_snapshot
     from gpusched.daemon import _Executors, _open_fifo, _wait
     from gpusched.gpus.select import make_probe
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["GPUSCHED_HOME"] = str(home.root)
         store = Store(home.db)
         suite = plan.load_suite("scale", cwd=sb.project)
-        gplan = plan.parse_gpu_plan(",".join("1" * args.slots), gpus=None, detected=args.slots)
+        gplan = flags.parse_gpu_plan(",".join("1" * args.slots), gpus=None, detected=args.slots)
         env_path = home.suite_env("scale")
         write_env_snapshot(env_path, dict(os.environ))
         store.submit(suite, gplan, backend=args.backend, cwd=str(sb.project), env_path=str(env_path))

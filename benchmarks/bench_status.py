@@ -31,7 +31,7 @@ from _harness import Sandbox, machine, median, sandbox, table
 def fill(sb: Sandbox, n: int, *, succeeded: int, failed: int, running: int) -> None:
     """``n`` jobs of one suite, with attempts for the first ``succeeded + failed + running``."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from gpusched import plan
+    from gpusched import flags, plan
     from gpusched.model import Classification, ExitRecord, Outcome, Step, StepKind
     from gpusched.store import NewAttempt, Store
 
@@ -39,7 +39,7 @@ def fill(sb: Sandbox, n: int, *, succeeded: int, failed: int, running: int) -> N
     suite = plan.load_suite("big", cwd=sb.project)
     sb.home.mkdir(parents=True, exist_ok=True)
     store = Store(sb.db)
-    gplan = plan.parse_gpu_plan(",".join("1" * 16), gpus=None, detected=16)
+    gplan = flags.parse_gpu_plan(",".join("1" * 16), gpus=None, detected=16)
     store.submit(suite, gplan, backend="subprocess", cwd=str(sb.project), env_path=None)
     now = time.time()
     ok = Classification(outcome=Outcome.OK, reason="exit 0")

@@ -207,7 +207,7 @@ def resolve_jobs(store: Store, patterns: list[str]) -> list[str]:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from gpusched import daemon, plan
+    from gpusched import daemon, flags, plan
     from gpusched.attempt import write_env_snapshot
     from gpusched.executors.select import check_backend, default_backend
     from gpusched.gpus.select import make_probe
@@ -216,13 +216,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
     home = _home()
     probe_spec = _probe_spec(args.fake_gpus)
     suite = plan.load_suite(args.suite, cwd=cwd, name=args.name)
-    suite = plan.select_jobs(suite, pairs=args.pairs, only=args.only)
+    suite = flags.select_jobs(suite, pairs=args.pairs, only=args.only)
     backend = check_backend(args.backend or default_backend())
     detected = None
     if backend != "slurm":
         gpus_seen = make_probe(probe_spec).snapshot()
         detected = len(gpus_seen) if gpus_seen else None
-    gpus = plan.parse_gpus(args.gpus, detected=detected)
+    gpus = flags.parse_gpus(args.gpus, detected=detected)
     if args.gpu_plan is None:
         if backend == "slurm":
             gpu_plan_text, gpus = "1", (0,)  # placeholder: Slurm places jobs
@@ -235,7 +235,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             gpu_plan_text = ",".join("1" for _ in (gpus or range(detected or 0)))
     else:
         gpu_plan_text = args.gpu_plan
-    gplan = plan.parse_gpu_plan(gpu_plan_text, gpus=gpus, detected=detected)
+    gplan = flags.parse_gpu_plan(gpu_plan_text, gpus=gpus, detected=detected)
     options: dict[str, Any] = {}
     if backend == "slurm":
         options = {
@@ -664,15 +664,15 @@ def cmd_drain(args: argparse.Namespace) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Replay ``--suite`` (its tiers, its job names and tasks) through the real scheduler in
     :mod:`gpusched.sim`: a temporary store, never the user's queue."""
-    from gpusched import plan, sim
+    from gpusched import flags, plan, sim
     from gpusched.gpus.fake import parse_fake_spec
 
     suite = plan.load_suite(args.suite, cwd=Path.cwd())
     entries = len([e for e in args.gpu_plan.split(",") if e.strip()])
-    gpus = plan.parse_gpus(args.gpus, detected=None)
+    gpus = flags.parse_gpus(args.gpus, detected=None)
     cards = f"{max(gpus or (entries - 1,)) + 1}x24GiB"
     totals = parse_fake_spec(args.fake_gpus or cards, source="--fake-gpus")
-    gplan = plan.parse_gpu_plan(args.gpu_plan, gpus=gpus, detected=len(totals))
+    gplan = flags.parse_gpu_plan(args.gpu_plan, gpus=gpus, detected=len(totals))
     names = sim.POLICIES if args.policy == "all" else (args.policy,)
     if any(n not in sim.POLICIES for n in names):
         raise UsageError(f"--policy {args.policy}: use one of {', '.join(sim.POLICIES)}, or all")

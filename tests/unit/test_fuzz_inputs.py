@@ -17,7 +17,7 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gpusched import plan, tiers
+from gpusched import flags, matrix, plan, tiers
 from gpusched.errors import GpuschedError
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -53,7 +53,7 @@ flag_text = st.one_of(
 @example(text="0,x\ny", detected=2)
 @example(text="0-99999999999999999999", detected=None)
 def test_parse_gpus_never_raises_anything_else(text: str, detected: int | None) -> None:
-    out = expect_clean(plan.parse_gpus, text, detected=detected)
+    out = expect_clean(flags.parse_gpus, text, detected=detected)
     if out is not None:
         assert all(isinstance(g, int) and g >= 0 for g in out)
         assert len(set(out)) == len(out)
@@ -70,7 +70,7 @@ def test_parse_gpus_never_raises_anything_else(text: str, detected: int | None) 
 @example(text="²,1", gpus=None, detected=None)
 @example(text="1\n,x", gpus=None, detected=None)
 def test_parse_gpu_plan_never_raises_anything_else(text: str, gpus: Any, detected: int | None) -> None:
-    out = expect_clean(plan.parse_gpu_plan, text, gpus=gpus, detected=detected)
+    out = expect_clean(flags.parse_gpu_plan, text, gpus=gpus, detected=detected)
     if out is not None:
         assert len(out.gpus) == len(out.slots) and any(out.slots)
         assert all(isinstance(s, int) and s >= 0 for s in out.slots)
@@ -131,7 +131,7 @@ def load(tmp: Path, doc: Any) -> Any:
         for job in suite.jobs[:3]:  # what launch would do: resolve at every tier
             for i in range(len(suite.tiers)):
                 tiers.resolve(suite, job, i)
-            assert plan.JOB_NAME_RE.fullmatch(job.name)
+            assert matrix.JOB_NAME_RE.fullmatch(job.name)
     return suite
 
 
@@ -242,6 +242,6 @@ def good_suite(scratch: Path) -> Any:
 @example(pairs="1:a", only=None)
 @example(pairs=None, only="1-*")
 def test_pairs_and_only(good_suite: Any, pairs: str | None, only: str | None) -> None:
-    out = expect_clean(plan.select_jobs, good_suite, pairs=pairs, only=only)
+    out = expect_clean(flags.select_jobs, good_suite, pairs=pairs, only=only)
     if out is not None:
         assert out.jobs and {j.name for j in out.jobs} <= {j.name for j in good_suite.jobs}

@@ -1,4 +1,5 @@
-"""plan.py: loading and validating plan files, --pairs/--only, --gpus, --gpu-plan."""
+"""plan.py, matrix.py, yamlfields.py: loading and validating plan files; flags.py: --pairs/--only,
+--gpus, --gpu-plan."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpusched import plan, tiers
+from gpusched import flags, plan, tiers
 from gpusched.errors import PlanError
 from gpusched.model import BatchKeys, BatchRule, GpuPlan, ResumeSpec, RetryPolicy, Suite
 
@@ -597,15 +598,15 @@ def suite4(tmp_path: Path) -> Suite:
 
 
 def test_pairs_select_exactly_and_keep_order(suite4: Suite) -> None:
-    got = plan.select_jobs(suite4, pairs="88:sst2, 87:qnli")
+    got = flags.select_jobs(suite4, pairs="88:sst2, 87:qnli")
     assert [j.name for j in got.jobs] == ["87-qnli", "88-sst2"]
     assert got.name == suite4.name and got.tiers == suite4.tiers
-    assert [j.name for j in plan.select_jobs(got, pairs="88:sst2").jobs] == ["88-sst2"]
+    assert [j.name for j in flags.select_jobs(got, pairs="88:sst2").jobs] == ["88-sst2"]
 
 
 def test_unknown_pair_is_named(suite4: Suite) -> None:
     error(
-        lambda: plan.select_jobs(suite4, pairs="87:qnli,89:qnli"),
+        lambda: flags.select_jobs(suite4, pairs="87:qnli,89:qnli"),
         "--pairs 89:qnli",
         "did you mean",
         "seed:task",
@@ -615,33 +616,33 @@ def test_unknown_pair_is_named(suite4: Suite) -> None:
 
 def test_pairs_need_a_matrix(tmp_path: Path) -> None:
     suite = load(tmp_path, "command: t {config}\njobs: [{name: a}]\n")
-    error(lambda: plan.select_jobs(suite, pairs="1:a"), "--pairs", "no matrix", "--only")
+    error(lambda: flags.select_jobs(suite, pairs="1:a"), "--pairs", "no matrix", "--only")
 
 
 def test_custom_pairs_template(tmp_path: Path) -> None:
     suite = load(tmp_path, MINIMAL + 'pairs: "{task}@{seed}"\n')
-    assert [j.name for j in plan.select_jobs(suite, pairs="qnli@88").jobs] == ["88-qnli"]
-    error(lambda: plan.select_jobs(suite, pairs="88:qnli"), "--pairs 88:qnli", "task@seed")
+    assert [j.name for j in flags.select_jobs(suite, pairs="qnli@88").jobs] == ["88-qnli"]
+    error(lambda: flags.select_jobs(suite, pairs="88:qnli"), "--pairs 88:qnli", "task@seed")
 
 
 def test_only_patterns(suite4: Suite) -> None:
-    assert [j.name for j in plan.select_jobs(suite4, only="87-*,extra").jobs] == [
+    assert [j.name for j in flags.select_jobs(suite4, only="87-*,extra").jobs] == [
         "87-qnli",
         "87-sst2",
         "extra",
     ]
-    error(lambda: plan.select_jobs(suite4, only="87-qnl"), "--only 87-qnl", "did you mean '87-qnli'")
-    error(lambda: plan.select_jobs(suite4, only=" , "), "--only", "nothing listed")
+    error(lambda: flags.select_jobs(suite4, only="87-qnl"), "--only 87-qnl", "did you mean '87-qnli'")
+    error(lambda: flags.select_jobs(suite4, only=" , "), "--only", "nothing listed")
 
 
 def test_pairs_and_only_together(suite4: Suite) -> None:
-    got = plan.select_jobs(suite4, pairs="87:qnli,88:qnli", only="88-*")
+    got = flags.select_jobs(suite4, pairs="87:qnli,88:qnli", only="88-*")
     assert [j.name for j in got.jobs] == ["88-qnli"]
-    error(lambda: plan.select_jobs(suite4, pairs="87:qnli", only="88-*"), "no job of suite s passes both")
+    error(lambda: flags.select_jobs(suite4, pairs="87:qnli", only="88-*"), "no job of suite s passes both")
 
 
 def test_select_nothing_given_keeps_all(suite4: Suite) -> None:
-    assert plan.select_jobs(suite4).jobs == suite4.jobs
+    assert flags.select_jobs(suite4).jobs == suite4.jobs
 
 
 # --------------------------------------------------------------------------- --gpus
@@ -658,12 +659,12 @@ def test_select_nothing_given_keeps_all(suite4: Suite) -> None:
     ],
 )
 def test_parse_gpus(text: str, want: tuple[int, ...]) -> None:
-    assert plan.parse_gpus(text, detected=None) == want
-    assert plan.parse_gpus(text, detected=8) == want
+    assert flags.parse_gpus(text, detected=None) == want
+    assert flags.parse_gpus(text, detected=8) == want
 
 
 def test_parse_gpus_none() -> None:
-    assert plan.parse_gpus(None, detected=4) is None
+    assert flags.parse_gpus(None, detected=4) is None
 
 
 @pytest.mark.parametrize(
@@ -682,20 +683,20 @@ def test_parse_gpus_none() -> None:
     ],
 )
 def test_parse_gpus_errors(text: str, detected: int | None, needles: tuple[str, ...]) -> None:
-    error(lambda: plan.parse_gpus(text, detected=detected), "--gpus", *needles)
+    error(lambda: flags.parse_gpus(text, detected=detected), "--gpus", *needles)
 
 
 # --------------------------------------------------------------------------- --gpu-plan
 
 
 def test_parse_gpu_plan() -> None:
-    assert plan.parse_gpu_plan("2,2,2,2,1,1,1", gpus=None, detected=7) == GpuPlan(
+    assert flags.parse_gpu_plan("2,2,2,2,1,1,1", gpus=None, detected=7) == GpuPlan(
         gpus=(0, 1, 2, 3, 4, 5, 6), slots=(2, 2, 2, 2, 1, 1, 1)
     )
-    assert plan.parse_gpu_plan("2, 0 ,1", gpus=(4, 5, 6), detected=8) == GpuPlan(
+    assert flags.parse_gpu_plan("2, 0 ,1", gpus=(4, 5, 6), detected=8) == GpuPlan(
         gpus=(4, 5, 6), slots=(2, 0, 1)
     )
-    assert plan.parse_gpu_plan("1 1", gpus=None, detected=None) == GpuPlan(gpus=(0, 1), slots=(1, 1))
+    assert flags.parse_gpu_plan("1 1", gpus=None, detected=None) == GpuPlan(gpus=(0, 1), slots=(1, 1))
 
 
 @pytest.mark.parametrize(
@@ -715,7 +716,7 @@ def test_parse_gpu_plan() -> None:
 def test_parse_gpu_plan_errors(
     text: str, gpus: tuple[int, ...] | None, detected: int | None, needles: tuple[str, ...]
 ) -> None:
-    error(lambda: plan.parse_gpu_plan(text, gpus=gpus, detected=detected), "--gpu-plan", *needles)
+    error(lambda: flags.parse_gpu_plan(text, gpus=gpus, detected=detected), "--gpu-plan", *needles)
 
 
 # --------------------------------------------------------------------------- shipped plans
@@ -758,7 +759,7 @@ def test_e1_plan(project: Path, tmp_path: Path) -> None:
     }
     assert suite.resume is not None and suite.resume.flag_key == "is_keep_training"
     assert suite.tiers == tiers.default_tiers()
-    picked = plan.select_jobs(suite, pairs="87:glue-tvt_qnli")
+    picked = flags.select_jobs(suite, pairs="87:glue-tvt_qnli")
     assert [j.name for j in picked.jobs] == ["87-glue-tvt_qnli"]
     # submitted from anywhere, the workdir is still the project (workdir: .. in the plan)
     elsewhere = plan.load_suite(str(project / "plans" / "E1.yaml"), cwd=tmp_path)

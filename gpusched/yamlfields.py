@@ -1,0 +1,211 @@
+"""Typed reads of plan YAML: each getter takes a :class:`Where` (file and key path, e.g.
+``plans/E1.yaml: tiers[2].batch``) and a raw value, and returns the value checked and
+converted, or raises a :class:`PlanError` whose message is ONE line naming the file and key
+path, what is wrong, and how to fix it. :func:`read_yaml` reads a file the same way (a key
+written twice in one mapping is an error). Used by :mod:`gpusched.plan` for suite-level keys
+and by :mod:`gpusched.matrix` for jobs; the config and env getters are shared by both.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpusched import tiers
+from gpusched.errors import PlanError, did_you_mean
+
+ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SCALARS = (str, int, float, bool)
+
+
+# --------------------------------------------------------------------------- error locations
+
+
+@dataclass(frozen=True)
+class Where:
+    """A place in a plan file; :meth:`error` builds the one-line PlanError for it."""
+
+    file: str
+    path: str = ""
+
+    def at(self, key: str | int) -> Where:
+        if isinstance(key, int):
+            return Where(self.file, f"{self.path}[{key}]")
+        return Where(self.file, f"{self.path}.{key}" if self.path else str(key))
+
+    def error(self, what: str, fix: str = "") -> PlanError:
+        where = f"{self.file}: {self.path}" if self.path else self.file
+        return one_line(f"{where}: {what}" + (f"; {fix}" if fix else ""))
+
+
+def one_line(message: str) -> PlanError:
+    return PlanError(" ".join(message.split("\n")))
+
+
+def show(value: Any, limit: int = 60) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
+
+
+def type_name(value: Any) -> str:
+    names = {dict: "a mapping", list: "a list", str: "text", bool: "true/false", type(None): "empty"}
+    return names.get(type(value), f"a {type(value).__name__}")
+
+
+# --------------------------------------------------------------------------- typed getters
+
+
+def check_keys(w: Where, raw: Mapping[Any, Any], allowed: Sequence[str]) -> None:
+    for key in raw:
+        if key not in allowed:
+            hint = did_you_mean(str(key), allowed)
+            raise w.at(str(key)).error(f"unknown key{hint}", f"allowed keys here: {', '.join(allowed)}")
+
+
+def mapping(w: Where, value: Any, example: str) -> Mapping[Any, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise w.error(f"must be a mapping, got {type_name(value)} {show(value)}", f"e.g. {example}")
+    return value
+
+
+def text(w: Where, value: Any, example: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise w.error(f"must be non-empty text, got {type_name(value)} {show(value)}", f"e.g. {example}")
+    return value
+
+
+def whole(w: Where, value: Any, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise w.error(f"must be a whole number >= {minimum}, got {show(value)}")
+    return value
+
+
+def number(w: Where, value: Any, *, minimum: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= minimum:
+        raise w.error(f"must be a number >= {minimum:g}, got {show(value)}")
+    return float(value)
+
+
+def boolean(w: Where, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise w.error(f"must be true or false, got {show(value)}")
+    return value
+
+
+def single_line(w: Where, value: Any, example: str) -> str:
+    given = text(w, value, example)
+    if "\n" in given.strip():
+        raise w.error("must be a single line", f"e.g. {example}")
+    return given.strip()
+
+
+# --------------------------------------------------------------------------- reading files
+
+
+class _PlanLoader(yaml.SafeLoader):
+    """safe_load, except that a key written twice in one mapping is an error, not a silent
+    overwrite (two ``config:`` blocks are a common copy-paste slip)."""
+
+
+def _no_duplicates(loader: _PlanLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if not isinstance(key, str | int | float | bool):
+            continue  # unhashable keys: construct_mapping reports them
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} appears twice in the same mapping", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_PlanLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
+
+
+def read_yaml(path: Path, shown: str, *, strict: bool) -> Any:
+    try:
+        content = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise one_line(f"{shown}: cannot be read ({exc})") from None
+    try:
+        return yaml.load(content, Loader=_PlanLoader if strict else yaml.SafeLoader)  # both loaders are safe
+    except yaml.YAMLError as exc:
+        raise _yaml_error(shown, exc) from None
+
+
+def _yaml_error(shown: str, exc: yaml.YAMLError) -> PlanError:
+    mark = getattr(exc, "problem_mark", None)
+    where = f"{shown}:{mark.line + 1}:{mark.column + 1}" if mark else shown
+    problem = getattr(exc, "problem", None) or str(exc)
+    context = getattr(exc, "context", None)
+    what = f"{problem} ({context})" if context else problem
+    line = f"line {mark.line + 1}" if mark else "the file"
+    fix = f"check indentation, colons and quotes near {line}"
+    if "appears twice" in what:
+        fix = "keep one of them (merge their contents)"
+    return one_line(f"{where}: not valid YAML: {what}; {fix}")
+
+
+# --------------------------------------------------------------------------- config and env
+
+
+def config(w: Where, value: Any) -> dict[str, Any]:
+    """A config overlay, nested (dotted keys expanded)."""
+    overlay = mapping(w, value, "config: {max_steps: 200, optimizer.lr: 1.0e-4}")
+    try:
+        return tiers.expand_dotted(overlay)
+    except ValueError as exc:
+        raise w.error(
+            str(exc), "write each key once (optimizer.lr, or optimizer: {lr: ...}, not both)"
+        ) from None
+
+
+def env(w: Where, value: Any, *, null_ok: bool = False) -> dict[str, str | None]:
+    given = mapping(w, value, "env: {NUM_DATA_WORKERS: 2}")
+    out: dict[str, str | None] = {}
+    for key, val in given.items():
+        if not isinstance(key, str) or not ENV_KEY_RE.fullmatch(key):
+            raise w.at(str(key)).error(
+                "is not a valid environment variable name",
+                "use letters, digits and _, not starting with a digit",
+            )
+        out[key] = _env_value(w.at(key), val, null_ok=null_ok)
+    return out
+
+
+def _env_value(w: Where, value: Any, *, null_ok: bool) -> str | None:
+    if value is None and null_ok:
+        return None
+    if not isinstance(value, SCALARS):
+        what = f"must be a single value (text, number, true/false), got {type_name(value)}"
+        raise w.error(
+            what, "quote it to pass it as text" + ("; null drops a default variable" if null_ok else "")
+        )
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def strict_env(w: Where, value: Any) -> dict[str, str]:
+    return {k: v for k, v in env(w, value).items() if v is not None}
+
+
+def config_key(w: Where, value: Any, *, null_ok: bool = False) -> Any:
+    if value is None and null_ok:
+        return None
+    key = text(w, value, "batch_size (a config key; dots for nesting)")
+    try:
+        tiers.split_key(key)
+    except ValueError as exc:
+        raise w.error(str(exc)) from None
+    return key
