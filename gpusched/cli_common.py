@@ -1,0 +1,54 @@
+"""What the ``gpusched`` commands share: the home directory, the state database, the probe spec
+of ``--fake-gpus`` and job references. Light imports only: every command, ``status`` included,
+imports this module."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from typing import TYPE_CHECKING
+
+from gpusched.errors import UsageError, did_you_mean
+
+if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
+    from gpusched.home import Home
+    from gpusched.store import Store
+
+
+def _home() -> Home:
+    from gpusched.home import Home  # a dataclass: not imported for --version or --help
+
+    return Home.from_env().ensure()
+
+
+def _store(*, readonly: bool = False) -> Store:
+    """The state database; ``readonly`` (commands that only look) opens it without taking the
+    write lock, so that they never wait behind the daemon's transactions."""
+    from gpusched.store import Store
+
+    home = _home()
+    if readonly and home.db.exists():
+        return Store(home.db, readonly=True)
+    return Store(home.db)  # created (or migrated) here
+
+
+def _probe_spec(fake: str | None) -> str | None:
+    fake = fake or os.environ.get("GPUSCHED_FAKE_GPUS")
+    return f"fake:{fake}" if fake else None
+
+
+def resolve_jobs(store: Store, patterns: list[str]) -> list[str]:
+    """Job ids for ids, bare names (when unambiguous) or shell patterns; unknown -> UsageError."""
+    ids = [r["id"] for r in store.db.execute("SELECT id FROM jobs ORDER BY seq")]
+    out: list[str] = []
+    for pat in patterns:
+        if pat in ids:
+            out.append(pat)
+            continue
+        hits = [i for i in ids if fnmatch.fnmatchcase(i, pat) or fnmatch.fnmatchcase(i.split("/", 1)[1], pat)]
+        if not hits:
+            raise UsageError(f"no job matches '{pat}'{did_you_mean(pat, ids)}: see `gpusched status`")
+        if len(hits) > 1 and not any(ch in pat for ch in "*?["):
+            raise UsageError(f"'{pat}' is ambiguous ({', '.join(hits[:3])}...): give the full id SUITE/NAME")
+        out.extend(h for h in hits if h not in out)
+    return out

@@ -1,0 +1,232 @@
+"""``gpusched`` commands on jobs: attach, logs (and ``-f``), cancel, retry, wait.
+
+Heavy modules (rich, libtmux) are imported by the commands that need them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpusched.cli_common import _home, _probe_spec, _store, resolve_jobs
+from gpusched.errors import UsageError, did_you_mean
+
+if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
+    from collections.abc import Callable
+
+    from gpusched.attempt import AttemptPaths
+    from gpusched.store import JobRow, Store
+
+
+def _one_job(store: Store, ref: str) -> JobRow:
+    ids = resolve_jobs(store, [ref])
+    if len(ids) != 1:
+        raise UsageError(f"'{ref}' matches {len(ids)} jobs: name one job")
+    job = store.job(ids[0])
+    assert job is not None
+    return job
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    store = _store()
+    job = _one_job(store, args.job)
+    attempts = store.attempts(job.id)
+    if not attempts:
+        raise UsageError(f"{job.id} is {job.state.value} and has not started yet: nothing to attach to")
+    a = attempts[-1]
+    if a.backend != "tmux" or not a.handle:
+        hint = ""
+        if a.backend == "slurm" and a.handle:
+            from gpusched.attempt import AttemptPaths
+            from gpusched.executors.slurm import SlurmExecutor
+
+            ex = SlurmExecutor(_home())
+            ex.refresh([a.handle])
+            hint = f"; or: {ex.attach_hint(a.handle, log_path=AttemptPaths(Path(a.dir)).output)}"
+        raise UsageError(
+            f"{job.id} runs with the {a.backend} backend and has no pane: "
+            f"use `gpusched logs -f {job.id}`{hint}"
+        )
+    from gpusched.executors.tmux import KEEP_WINDOWS, TmuxExecutor
+
+    tmux = TmuxExecutor(_home())
+    if not tmux.shows(a.handle):
+        raise UsageError(
+            f"{job.id}'s pane is no longer on gpusched's tmux server (the newest {KEEP_WINDOWS} "
+            f"windows of ended jobs are kept): use `gpusched logs {job.id}`"
+        )
+    argv = tmux.attach_argv(a.handle)
+    env = {k: v for k, v in os.environ.items() if k != "TMUX"}
+    os.execvpe(argv[0], argv, env)
+    return 0  # not reached
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from gpusched.attempt import AttemptPaths
+
+    store = _store()
+    job = _one_job(store, args.job)
+    attempts = store.attempts(job.id)
+    if not attempts:
+        raise UsageError(f"{job.id} has not started yet: no log")
+    if args.attempt is not None:
+        match = [a for a in attempts if a.n == args.attempt]
+        if not match:
+            raise UsageError(f"{job.id} has attempts 1..{len(attempts)}: no attempt {args.attempt}")
+        a = match[0]
+    else:
+        a = attempts[-1]
+    paths = AttemptPaths(Path(a.dir))
+    print(
+        f"==> {paths.output} (attempt {a.n}, tier {a.tier_name}"
+        + (f", {a.outcome}: {a.reason}" if a.outcome else "")
+        + ") <==",
+        file=sys.stderr,
+    )
+    if a.line:
+        print(f"==> matching line: {a.line}", file=sys.stderr)
+    text = paths.log_tail(1 << 20)
+    lines = text.splitlines()[-args.lines :] if args.lines > 0 else text.splitlines()
+    for line in lines:
+        print(line)
+    if args.follow:
+        return _follow(store, job.id, a.id, paths)
+    return 0
+
+
+def _follow(store: Store, job_id: str, attempt_id: int, paths: AttemptPaths) -> int:
+    try:
+        f = open(paths.output, "rb")  # noqa: SIM115 (closed by the `with` below)
+    except OSError:
+        return 0
+    with f:
+        f.seek(0, os.SEEK_END)
+        while True:
+            chunk = f.read(65536)
+            if chunk:
+                sys.stdout.write(chunk.decode("utf-8", "replace"))
+                sys.stdout.flush()
+                continue
+            row = store.attempt(attempt_id)
+            if row is not None and row.state.value == "exited":
+                rest = f.read()
+                sys.stdout.write(rest.decode("utf-8", "replace"))
+                return 0
+            time.sleep(0.2)
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from gpusched import daemon
+
+    store = _store()
+    if args.suite:
+        if store.suite(args.suite) is None:
+            names = [s.name for s in store.suites()]
+            raise UsageError(f"--suite {args.suite}: no such suite{did_you_mean(args.suite, names)}")
+        ids = [j.id for j in store.jobs(suite=args.suite, states=["queued", "running"])]
+    elif args.jobs:
+        ids = resolve_jobs(store, args.jobs)
+    else:
+        raise UsageError("cancel what? name jobs (E1/87-glue-tvt_qnli, 'E1/88-*') or --suite NAME")
+    result = store.request_cancel(ids)
+    daemon.wake(_home())
+    counts: dict[str, int] = {}
+    for v in result.values():
+        counts[v] = counts.get(v, 0) + 1
+    print(", ".join(f"{n} {k}" for k, n in counts.items()) or "nothing to cancel")
+    return 0
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    from gpusched import daemon, tiers
+
+    store = _store()
+    home = _home()
+    for job_id in resolve_jobs(store, args.jobs):
+        tier = None
+        if args.tier is not None:
+            srow = store.suite(job_id.split("/", 1)[0])
+            assert srow is not None
+            tier = tiers.tier_index(srow.suite, args.tier)
+        job = store.retry(job_id, tier=tier)
+        print(f"{job.id}: queued again at tier index {job.tier}")
+    daemon.start(home, probe=_probe_spec(None))
+    daemon.wake(home)
+    return 0
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    store = _store()
+    if args.suite and store.suite(args.suite) is None:
+        names = [s.name for s in store.suites()]
+        raise UsageError(f"--suite {args.suite}: no such suite{did_you_mean(args.suite, names)}")
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    checked = [float("-inf")]
+
+    def counts() -> dict[str, int]:
+        c = store.counts(suite=args.suite)
+        if (c["queued"] or c["running"]) and time.monotonic() - checked[0] >= 5:
+            checked[0] = time.monotonic()
+            _revive_daemon()  # waiting on a dead daemon would wait forever
+        return c
+
+    c = counts()
+    total = sum(c.values())
+    if args.quiet or not sys.stderr.isatty():
+        done = _wait_loop(counts, deadline, lambda c: None)
+    else:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            transient=False,
+        ) as bar:
+            task = bar.add_task(args.suite or "all jobs", total=total)
+
+            def show(c: dict[str, int]) -> None:
+                fin = c["succeeded"] + c["failed"] + c["cancelled"]
+                bar.update(
+                    task,
+                    completed=fin,
+                    total=sum(c.values()),
+                    description=f"{args.suite or 'all'}: {c['running']} running, {c['queued']} queued, "
+                    f"{c['failed']} failed",
+                )
+
+            done = _wait_loop(counts, deadline, show)
+    if done is None:
+        print("gpusched: wait timed out", file=sys.stderr)
+        return 124
+    print(f"{done['succeeded']} succeeded, {done['failed']} failed, {done['cancelled']} cancelled")
+    return 0 if done["failed"] == 0 and done["cancelled"] == 0 else 1
+
+
+def _revive_daemon() -> None:
+    """Start the daemon if none runs (it died, or the machine rebooted): it re-adopts the
+    jobs that still run and reaps those that ended meanwhile."""
+    from gpusched import daemon
+
+    home = _home()
+    if daemon.info(home) is None:
+        daemon.start(home, probe=_probe_spec(None))
+        print("gpusched: no daemon was running; started one (it re-adopts running jobs)", file=sys.stderr)
+
+
+def _wait_loop(
+    counts: Callable[[], dict[str, int]], deadline: float | None, show: Callable[[dict[str, int]], None]
+) -> dict[str, int] | None:
+    while True:
+        c = counts()
+        show(c)
+        if c["queued"] == 0 and c["running"] == 0:
+            return c
+        if deadline is not None and time.monotonic() > deadline:
+            return None
+        time.sleep(0.1)

@@ -1,0 +1,162 @@
+"""``gpusched`` commands beside the queue: gpus, drain, daemon; simulate and report.
+
+Heavy modules (rich, matplotlib, the simulator) are imported by the commands that need them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpusched.cli_common import _home, _probe_spec, _store
+from gpusched.errors import UsageError, did_you_mean
+
+if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
+    from gpusched.model import Suite
+
+
+def cmd_gpus(args: argparse.Namespace) -> int:
+    from gpusched.gpus.select import make_probe
+
+    probe = make_probe(_probe_spec(args.fake_gpus))
+    snap = probe.snapshot()
+    if args.json:
+        from dataclasses import asdict
+
+        print(json.dumps({"probe": probe.name, "notice": probe.notice(), "gpus": [asdict(g) for g in snap]}))
+        return 0
+    if probe.notice():
+        print(probe.notice())
+    for g in snap:
+        from gpusched.views import gib
+
+        print(
+            f"GPU {g.index}  {g.name or '?'}  {g.uuid or '?'}  "
+            f"{gib(g.used_mib)}/{gib(g.total_mib)} GiB used  "
+            f"{gib(g.free_mib)} GiB free  util {'?' if g.util_pct is None else g.util_pct}%  "
+            f"{len(g.processes)} processes"
+        )
+    return 0
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    from gpusched import daemon
+
+    store = _store()
+    store.set_flag("draining", None if args.off else "1")
+    daemon.wake(_home())
+    print(
+        "launches resumed"
+        if args.off
+        else "draining: running jobs finish, nothing new starts (`gpusched drain --off` resumes)"
+    )
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """Replay ``--suite`` (its tiers, its job names and tasks) through the real scheduler in
+    :mod:`gpusched.sim`: a temporary store, never the user's queue."""
+    from gpusched import flags, plan, sim
+    from gpusched.gpus.fake import parse_fake_spec
+
+    suite = plan.load_suite(args.suite, cwd=Path.cwd())
+    entries = len([e for e in args.gpu_plan.split(",") if e.strip()])
+    gpus = flags.parse_gpus(args.gpus, detected=None)
+    cards = f"{max(gpus or (entries - 1,)) + 1}x24GiB"
+    totals = parse_fake_spec(args.fake_gpus or cards, source="--fake-gpus")
+    gplan = flags.parse_gpu_plan(args.gpu_plan, gpus=gpus, detected=len(totals))
+    names = sim.POLICIES if args.policy == "all" else (args.policy,)
+    if any(n not in sim.POLICIES for n in names):
+        raise UsageError(f"--policy {args.policy}: use one of {', '.join(sim.POLICIES)}, or all")
+    trace = _trace(args, suite, sim)
+    if args.plot:
+        from gpusched import plot
+
+        plot.require(args.plot)  # before the run: a missing matplotlib is one line, not wasted work
+    results = [sim.simulate(trace, gplan, totals, policy=n, suite=suite, seed=args.seed) for n in names]
+    if args.plot:
+        plot.timeline(results[0].report, args.plot, title=f"{suite.name}, simulated ({results[0].label})")
+    if args.json:
+        print(json.dumps([r.as_dict() for r in results]))
+        return 0
+    first = results[0]
+    print(
+        f"{suite.name}: {first.jobs} jobs on {len(totals)} simulated GPUs, plan {gplan.as_text()}; "
+        f"lower bound {first.lower_bound_s / 3600:.2f} h"
+    )
+    print(sim.format_table(results))
+    return 0
+
+
+def _trace(args: argparse.Namespace, suite: Suite, sim: Any) -> Any:
+    if not args.trace:
+        jobs = [(j.name, j.task) for j in suite.jobs]
+        return sim.synthetic_trace(jobs, seed=args.seed, tiers=len(suite.tiers))
+    try:
+        trace = sim.load_trace(args.trace)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+        raise UsageError(f"--trace {args.trace}: not a trace ({e}); see `gpusched simulate --help`") from e
+    if not trace.jobs:
+        raise UsageError(f"--trace {args.trace}: no jobs; give a list under 'jobs:'")
+    return trace
+
+
+def cmd_daemon(args: argparse.Namespace) -> int:
+    from gpusched import daemon
+
+    home = _home()
+    probe = args.probe or _probe_spec(args.fake_gpus)
+    if args.action == "run":
+        return daemon.run(home, probe_spec=probe)
+    if args.action == "start":
+        info = daemon.start(home, probe=probe)
+        print(f"daemon running (pid {info.get('pid')}, probe {info.get('probe')})")
+        return 0
+    if args.action == "stop":
+        print("daemon stopped; jobs keep running" if daemon.stop(home) else "no daemon was running")
+        return 0
+    current = daemon.info(home)
+    if current is None:
+        print("no daemon running")
+        return 3
+    print(json.dumps(current))
+    return 0
+
+
+# --------------------------------------------------------------------------- report
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from gpusched import report, report_render
+
+    if args.plot:
+        from gpusched import plot
+
+        plot.require(args.plot)  # before any work: a missing extra is one line, exit 2
+    store = _store()
+    names = [s.name for s in store.suites()]
+    if args.suite is None and not names:
+        raise UsageError("no suite submitted yet: nothing to report")
+    name = args.suite or names[-1]
+    if name not in names:
+        raise UsageError(f"--suite {name}: no such suite{did_you_mean(name, names)}")
+    rep = report.from_store(store, name)
+    to_stdout = "-" in (args.csv, args.json)
+    if not to_stdout:
+        from rich.console import Console
+
+        Console().print(report_render.render_report(rep, top=args.top))
+    done = []
+    if args.csv:
+        done.append(f"{args.csv} ({report_render.write_csv(rep, args.csv)} attempts)")
+    if args.json:
+        done.append(f"{args.json} ({report_render.write_json(rep, args.json)} attempts)")
+    if args.plot:
+        done.append(str(plot.timeline(rep, args.plot)))
+    done = [d for d in done if not d.startswith("- ")]
+    if done:
+        print("wrote " + ", ".join(done), file=sys.stderr if to_stdout else sys.stdout)
+    return 0
