@@ -226,11 +226,16 @@ def demands(
     falls: dict[tuple[str, str, str, int], tuple[tuple[int, int | None], ...]] = {}
     kinds: dict[tuple[str, str, str, int], Demand] = {}  # by (*key, the job's own tier): demanded alike
     out: dict[str, Demand] = {}
+    # a task none of whose jobs has run has no history (peaks, run times, running siblings) to
+    # predict from: all such tasks of a suite predict alike ("" in the key), so a plan whose
+    # jobs are each their own task costs a prediction per tier, not one per job, every tick
+    known = {*samples, *runs, *running.longest_s, *(task for task, _ in running.peak_mib)}
     for job in jobs:
         suite = suites.get(job.suite)
         if suite is None:
             continue
-        key = (job.suite, job.task, job.id if job.id in mine.get(job.task, ()) else "")
+        task = job.task if job.task in known else ""
+        key = (job.suite, task, job.id if job.id in mine.get(job.task, ()) else "")
         made = kinds.get((*key, job.tier))
         if made is not None:  # a job like one before: its view is that one's with its own id and order
             out[job.id] = Demand(

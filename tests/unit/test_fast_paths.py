@@ -397,3 +397,47 @@ def test_jobs_of_one_kind_get_the_view_their_own_row_would(tmp_path) -> None:  #
         alone = demand([job])[job.id]
         assert together[job.id] == alone and together[job.id].view.__dict__ == alone.view.__dict__
     assert together[queued[-1].id].view.priority == 3 and together[queued[-1].id].view.avoid_gpu == 0
+
+
+def test_jobs_whose_tasks_never_ran_share_one_prediction(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A plan without ``task:`` makes each job its own task. A task none of whose jobs has run
+    has nothing to predict from, so demands() predicts once for all such jobs of a suite, not
+    once per job every tick; each job still gets the demand it would get alone."""
+    import dataclasses
+
+    from gpusched import memory, memwatch
+    from gpusched.model import GpuPlan
+    from gpusched.placement import DEFAULT_HEADROOM_FRAC
+    from tests.unit.test_scheduler import World, make_suite
+
+    world = World(tmp_path, GpuPlan(gpus=(0,), slots=(1,)), gpus="1x24GiB")
+    suite = make_suite(tmp_path, n=6)
+    world.submit(
+        dataclasses.replace(suite, jobs=tuple(dataclasses.replace(j, task=j.name) for j in suite.jobs))
+    )
+    world.tick()  # one job runs: its task is known from now on (a running sibling bounds its run time)
+    queued = [j for j in world.store.jobs() if j.state.value == "queued"]
+    gpus = world.sched.probe.snapshot()
+    rooms = memory.rooms(gpus, {}, DEFAULT_HEADROOM_FRAC)
+    calls: list[str] = []
+    predictions = memwatch._predictions
+    monkeypatch.setattr(
+        memwatch, "_predictions", lambda job, *a: calls.append(job.task) or predictions(job, *a)
+    )
+
+    def demand(jobs):  # type: ignore[no-untyped-def]
+        return memwatch.demands(
+            world.store,
+            jobs,
+            world.sched._suite,
+            gpus,
+            rooms,
+            headroom_frac=DEFAULT_HEADROOM_FRAC,
+            now=2000.0,
+        )
+
+    together = demand(queued)
+    assert len(queued) == 5 and len(calls) == 1
+    for job in queued:
+        alone = demand([job])[job.id]
+        assert together[job.id] == alone and together[job.id].view.__dict__ == alone.view.__dict__
