@@ -4,6 +4,10 @@ Every state transition is one short transaction, so a daemon killed at any insta
 the store at a transition boundary. Readers (``status`` in other shells) never block the
 daemon and never see a half-done submit. The schema carries a version; an old file is
 migrated forward on open, a newer one is refused with a clear message.
+
+The schema text is :mod:`gpusched.schema`; the row records are :mod:`gpusched.records`
+(imported here, so ``from gpusched.store import JobRow`` works); the reads behind
+``status`` are :mod:`gpusched.status_rows`.
 """
 
 from __future__ import annotations
@@ -12,12 +16,10 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
-from functools import cached_property
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from gpusched import codec
 from gpusched.errors import StoreError, UsageError
@@ -33,262 +35,10 @@ from gpusched.model import (
     Suite,
     check_transition,
 )
-
-SCHEMA_VERSION = 1
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS suites (
-    name TEXT PRIMARY KEY,
-    plan_path TEXT NOT NULL,
-    cwd TEXT NOT NULL,
-    backend TEXT NOT NULL,
-    gpus TEXT NOT NULL,            -- json list of GPU indices of the gpu-plan
-    slots TEXT NOT NULL,           -- json list of per-GPU caps, same order
-    spec TEXT NOT NULL,            -- json Suite (without jobs)
-    env_path TEXT,                 -- the submitting shell's environment (sh, 0600)
-    options TEXT NOT NULL DEFAULT '{}',  -- backend options (partition, sbatch args, ...)
-    submitted_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS jobs (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,   -- submission order (FIFO)
-    id TEXT NOT NULL UNIQUE,                 -- suite/name
-    suite TEXT NOT NULL,
-    name TEXT NOT NULL,
-    task TEXT NOT NULL,
-    spec TEXT NOT NULL,                      -- json JobSpec
-    priority INTEGER NOT NULL DEFAULT 0,
-    state TEXT NOT NULL,
-    tier INTEGER NOT NULL DEFAULT 0,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    errors INTEGER NOT NULL DEFAULT 0,       -- plain-error attempts (for opt-in retries)
-    lost INTEGER NOT NULL DEFAULT 0,
-    outcome TEXT,                            -- last attempt's outcome
-    reason TEXT,                             -- why the job is where it is
-    line TEXT,                               -- the log line behind the last outcome
-    wait_reason TEXT,                        -- why a queued job is not placed yet
-    avoid_gpu INTEGER,
-    not_before REAL,
-    cancel_requested INTEGER NOT NULL DEFAULT 0,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL,
-    ended_at REAL
-);
-CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
-CREATE INDEX IF NOT EXISTS jobs_suite ON jobs(suite, seq);
-CREATE INDEX IF NOT EXISTS jobs_queue ON jobs(state, priority DESC, seq);  -- a tick's candidates, in order
-CREATE TABLE IF NOT EXISTS attempts (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    job_id TEXT NOT NULL REFERENCES jobs(id),
-    n INTEGER NOT NULL,                      -- 1-based attempt number of the job
-    tier INTEGER NOT NULL,
-    tier_name TEXT NOT NULL,
-    gpu INTEGER,
-    gpu_uuid TEXT,
-    backend TEXT NOT NULL,
-    dir TEXT NOT NULL,
-    token TEXT NOT NULL UNIQUE,
-    state TEXT NOT NULL,
-    handle TEXT,                             -- json executor handle
-    placement_reason TEXT,
-    predicted_mib INTEGER,
-    prediction_source TEXT,
-    launched_at REAL NOT NULL,
-    started_at REAL,
-    ended_at REAL,
-    exit_code INTEGER,
-    signal INTEGER,
-    outcome TEXT,
-    reason TEXT,
-    line TEXT,
-    peak_mib INTEGER,
-    UNIQUE(job_id, n)
-);
-CREATE INDEX IF NOT EXISTS attempts_state ON attempts(state);
-CREATE INDEX IF NOT EXISTS attempts_job ON attempts(job_id, n);
--- the attempts that say something about memory: peak_history reads only these, however many
--- attempts ended without a peak
-CREATE INDEX IF NOT EXISTS attempts_peaks ON attempts(job_id) WHERE peak_mib IS NOT NULL OR outcome = 'oom';
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    at REAL NOT NULL,
-    job_id TEXT,
-    kind TEXT NOT NULL,
-    message TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS events_job ON events(job_id);
-CREATE TABLE IF NOT EXISTS gpu_samples (
-    at REAL NOT NULL,
-    gpu INTEGER NOT NULL,
-    used_mib INTEGER,
-    total_mib INTEGER,
-    util_pct INTEGER
-);
-CREATE INDEX IF NOT EXISTS gpu_samples_at ON gpu_samples(at);
-"""
+from gpusched.records import AttemptRow, JobRow, NewAttempt, SubmitResult, SuiteRow
+from gpusched.schema import SCHEMA, SCHEMA_VERSION
 
 ACTIVE_STATES = (JobState.QUEUED.value, JobState.RUNNING.value)
-
-#: A queued job's kind, as status asks the scheduler's prediction of it: a job with a history
-#: of its own by its id; one that never ran by its suite, task and tier (fields joined by the
-#: unit separator), its task left out when no job of that task has run anywhere: such a task
-#: has no history to predict from, so all such predict alike, and a suite whose jobs are each
-#: their own task (a plan without ``task:``) asks once per tier, not once per job
-#: (views.queued_predictions).
-_KIND = (
-    "CASE WHEN j.attempts > 0 THEN j.id ELSE j.suite || char(31)"
-    " || (CASE WHEN j.task IN (SELECT task FROM jobs WHERE attempts > 0) THEN j.task ELSE '' END)"
-    " || char(31) || j.tier END"
-)
-
-#: One ``jobs`` entry of ``status --json`` (views.py documents the keys), built by SQLite's
-#: json_object from a job and its newest attempt (``a``), the tier names of its suite
-#: (``t``) and, for a queued job, its kind's prediction (``p``). ``last_line`` (of a running
-#: job's log) is filled in by the caller; ``slurm`` carries a Slurm attempt's job id.
-_ENTRY = """json_object(
-    'id', j.id, 'suite', j.suite, 'name', j.name, 'state', j.state,
-    'tier', coalesce(t.name, CAST(j.tier AS TEXT)), 'tier_index', j.tier, 'attempt', j.attempts,
-    'gpu', a.gpu, 'outcome', j.outcome,
-    'reason', CASE WHEN j.state = 'queued' THEN coalesce(nullif(j.wait_reason, ''), j.reason)
-                   ELSE j.reason END,
-    'line', j.line, 'log', a.dir || '/output.log',
-    'runtime_s', CASE WHEN j.state != 'queued' AND a.started_at
-                      THEN round(coalesce(a.ended_at, :now) - a.started_at, 1) END,
-    'started_at', a.started_at, 'ended_at', j.ended_at,
-    'predicted_mib', CASE WHEN p.kind IS NULL THEN a.predicted_mib ELSE p.mib END,
-    'prediction_source', CASE WHEN p.kind IS NULL THEN a.prediction_source ELSE p.source END,
-    'peak_mib', a.peak_mib,
-    'cancel_requested', json(CASE WHEN j.cancel_requested THEN 'true' ELSE 'false' END),
-    'backend_handle', json(a.handle),
-    'tiers', coalesce(t.n, 1), 'start_tier', p.start_tier, 'last_line', NULL,
-    'slurm', CASE WHEN json_extract(a.handle, '$.slurm_job_id') IS NOT NULL
-                  THEN json_object('job_id', json_extract(a.handle, '$.slurm_job_id')) END
-)"""
-
-
-@dataclass(frozen=True, kw_only=True)
-class SuiteRow:
-    name: str
-    plan_path: str
-    cwd: str
-    backend: str
-    gpu_plan: GpuPlan
-    suite: Suite
-    env_path: str | None
-    options: dict[str, Any]
-    submitted_at: float
-
-    @classmethod
-    def from_row(cls, r: sqlite3.Row) -> SuiteRow:
-        return cls(
-            name=r["name"],
-            plan_path=r["plan_path"],
-            cwd=r["cwd"],
-            backend=r["backend"],
-            gpu_plan=GpuPlan(gpus=tuple(json.loads(r["gpus"])), slots=tuple(json.loads(r["slots"]))),
-            suite=codec.suite_from_json(r["spec"]),
-            env_path=r["env_path"],
-            options=json.loads(r["options"] or "{}"),
-            submitted_at=r["submitted_at"],
-        )
-
-
-@dataclass(frozen=True, kw_only=True)
-class JobRow:
-    seq: int
-    id: str
-    suite: str
-    name: str
-    task: str
-    spec_json: str = field(repr=False)  # decoded on first use of ``spec`` (a tick and status never need it)
-    priority: int
-    state: JobState
-    tier: int
-    attempts: int
-    errors: int
-    lost: int
-    outcome: str | None
-    reason: str | None
-    line: str | None
-    wait_reason: str | None
-    avoid_gpu: int | None
-    not_before: float | None
-    cancel_requested: bool
-    created_at: float
-    updated_at: float
-    ended_at: float | None
-
-    @cached_property
-    def spec(self) -> JobSpec:
-        """The job as submitted (JSON-decoded once, on first use)."""
-        return codec.job_from_json(self.spec_json)
-
-    @classmethod
-    def from_row(cls, r: sqlite3.Row) -> JobRow:
-        d = _as_dict(r)
-        d["spec_json"] = d.pop("spec")
-        d["state"] = JobState(d["state"])
-        d["cancel_requested"] = bool(d["cancel_requested"])
-        return _record(cls, d)
-
-
-@dataclass(frozen=True, kw_only=True)
-class AttemptRow:
-    id: int
-    job_id: str
-    n: int
-    tier: int
-    tier_name: str
-    gpu: int | None
-    gpu_uuid: str | None
-    backend: str
-    dir: str
-    token: str
-    state: AttemptState
-    handle: dict[str, Any] | None
-    placement_reason: str | None
-    predicted_mib: int | None
-    prediction_source: str | None
-    launched_at: float
-    started_at: float | None
-    ended_at: float | None
-    exit_code: int | None
-    signal: int | None
-    outcome: str | None
-    reason: str | None
-    line: str | None
-    peak_mib: int | None
-
-    @classmethod
-    def from_row(cls, r: sqlite3.Row) -> AttemptRow:
-        d = _as_dict(r)
-        d["state"] = AttemptState(d["state"])
-        d["handle"] = json.loads(d["handle"]) if d["handle"] else None
-        return _record(cls, d)
-
-
-@dataclass(frozen=True, kw_only=True)
-class SubmitResult:
-    queued: tuple[str, ...]
-    requeued: tuple[str, ...]  # finished jobs queued again (--rerun)
-    skipped: tuple[tuple[str, str], ...]  # (job id, its state) left as they were
-
-
-@dataclass(frozen=True, kw_only=True)
-class NewAttempt:
-    """What the scheduler decided to launch; recorded before anything starts."""
-
-    job_id: str
-    tier: int
-    tier_name: str
-    gpu: int | None
-    gpu_uuid: str | None
-    backend: str
-    dir: str
-    token: str
-    placement_reason: str
-    predicted_mib: int | None = None
-    prediction_source: str | None = None
 
 
 class Store:
@@ -322,7 +72,7 @@ class Store:
         self.db.execute("PRAGMA synchronous = NORMAL")
         # executescript() issues its own COMMIT, so it runs outside our transaction helper;
         # every statement is idempotent (IF NOT EXISTS), so concurrent openers are harmless.
-        self.db.executescript(_SCHEMA)
+        self.db.executescript(SCHEMA)
         with self.tx():
             row = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
             if row is None:
@@ -523,79 +273,6 @@ class Store:
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         return [JobRow.from_row(r) for r in self.db.execute(sql, args)]
-
-    def queued_kinds(self, *, suite: str | None = None, limit: int | None = None) -> dict[str, str]:
-        """The kinds (:data:`_KIND`) of the queued jobs (of ``suite``; the first ``limit`` of
-        them in submission order), each with the id of a job standing for it."""
-        sql = f"SELECT {_KIND} AS kind, j.id, j.seq FROM jobs j WHERE j.state = 'queued'"
-        args: list[Any] = []
-        if suite is not None:
-            sql += " AND j.suite = ?"
-            args.append(suite)
-        sql += " ORDER BY j.seq" + ("" if limit is None else f" LIMIT {int(limit)}")
-        grouped = f"SELECT kind, id, MIN(seq) FROM ({sql}) GROUP BY kind"
-        return {kind: job_id for kind, job_id, _ in self.db.execute(grouped, args)}
-
-    def job_entries(
-        self,
-        *,
-        now: float,
-        tier_names: Mapping[str, Sequence[str]],
-        predictions: Mapping[str, tuple[int | None, str, str]],
-        suite: str | None = None,
-        state: str | None = None,
-        limit: int | None = None,
-    ) -> list[tuple[str, str]]:
-        """``(state, entry)`` per job (of ``suite``, in ``state``; the first ``limit``), in
-        submission order, ``entry`` being the job's ``status --json`` entry as JSON text
-        (:data:`_ENTRY`), built by SQLite: a 10k-job store lists in the time one query takes,
-        with no Python object per field. ``tier_names`` maps each suite to its tiers' names;
-        ``predictions`` maps a queued job's kind (:meth:`queued_kinds`) to the predicted MiB,
-        its source and the tier it would start at."""
-        db = self.db  # the temp tables live in this connection's own temp database (read-only too)
-        db.execute("CREATE TEMP TABLE IF NOT EXISTS shown_tier (suite TEXT, idx INTEGER, name TEXT, n INT)")
-        db.execute(
-            "CREATE TEMP TABLE IF NOT EXISTS shown_prediction"
-            " (kind TEXT PRIMARY KEY, mib INTEGER, source TEXT, start_tier TEXT)"
-        )
-        db.execute("DELETE FROM temp.shown_tier")
-        db.execute("DELETE FROM temp.shown_prediction")
-        db.executemany(
-            "INSERT INTO temp.shown_tier VALUES (?, ?, ?, ?)",
-            [(s, i, name, len(names)) for s, names in tier_names.items() for i, name in enumerate(names)],
-        )
-        db.executemany(
-            "INSERT INTO temp.shown_prediction VALUES (?, ?, ?, ?)", [(k, *v) for k, v in predictions.items()]
-        )
-        # the newest attempt is number j.attempts: begin_attempt counts it and inserts it in one
-        # transaction (a lookup in attempts(job_id, n), no MAX subquery per job)
-        sql = (
-            f"SELECT j.state, {_ENTRY} FROM jobs j"
-            " LEFT JOIN attempts a ON a.job_id = j.id AND a.n = j.attempts"
-            " LEFT JOIN temp.shown_tier t ON t.suite = j.suite AND t.idx = min(j.tier, t.n - 1)"
-            f" LEFT JOIN temp.shown_prediction p ON j.state = 'queued' AND p.kind = {_KIND}"
-        )
-        where, args = [], dict[str, Any](now=now)
-        for col, value in (("suite", suite), ("state", state)):
-            if value is not None:
-                where.append(f"j.{col} = :{col}")
-                args[col] = value
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY j.seq"
-        if limit is not None:
-            sql += f" LIMIT {int(limit)}"
-        cur = db.cursor()
-        cur.row_factory = None  # tuples: a sqlite3.Row looks each column up by name
-        try:
-            return cur.execute(sql, args).fetchall()
-        except sqlite3.OperationalError as e:  # an SQLite built without JSON1, before 3.38 made it standard
-            if "no such function" not in str(e):
-                raise
-            raise StoreError(
-                f"status needs SQLite's JSON functions, which the SQLite {sqlite3.sqlite_version} that "
-                f"Python uses here lacks ({e}): use a Python linked with SQLite 3.38 or later"
-            ) from e
 
     def active_suites(self, *, suite: str | None = None) -> set[str]:
         """Names of the suites (of ``suite`` only, when given) with queued or running jobs."""
@@ -890,31 +567,6 @@ class Store:
 
     def gpu_samples(self, since: float = 0.0) -> list[sqlite3.Row]:
         return self.db.execute("SELECT * FROM gpu_samples WHERE at >= ? ORDER BY at", (since,)).fetchall()
-
-
-_R = TypeVar("_R")
-_FIELDS: dict[type, frozenset[str]] = {}
-
-
-def _record(cls: type[_R], values: dict[str, Any]) -> _R:
-    """``cls(**values)`` for a frozen dataclass, without its generated ``__init__`` (which sets
-    each field through ``object.__setattr__``: ~10 us for a job row, 0.1 s of a ``status``
-    over 10k jobs) when ``values`` names exactly its fields; else ``cls(**values)`` itself,
-    which says what is missing or extra."""
-    names = _FIELDS.get(cls)
-    if names is None:
-        names = _FIELDS[cls] = frozenset(f.name for f in fields(cls))  # type: ignore[arg-type]
-    if values.keys() != names:
-        return cls(**values)
-    obj = object.__new__(cls)
-    obj.__dict__.update(values)
-    return obj
-
-
-def _as_dict(r: sqlite3.Row) -> dict[str, Any]:
-    """``dict(r)``, three times faster: ``dict(r)`` looks every column up by name (a scan
-    of the names), zip pairs them by position (``status`` reads 10k rows)."""
-    return dict(zip(r.keys(), r, strict=True))
 
 
 def _chunks(xs: list[Any], n: int) -> Iterator[list[Any]]:

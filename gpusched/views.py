@@ -1,7 +1,7 @@
 """What ``status`` shows: one plain document (stable JSON keys) and its text rendering.
 
 :func:`status` is built from the store and a probe snapshot; its job entries are JSON text
-that SQLite builds (:meth:`Store.job_entries`), which ``status --json`` prints as they come
+that SQLite builds (:func:`status_rows.job_entries`), which ``status --json`` prints as they come
 (:meth:`Status.text`): it lists 10k jobs in the time of one query.
 ``format_status`` turns it into boxed tables with plain string formatting, no rich: a
 ``status`` costs little more than the interpreter's start.
@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gpusched import memory, memwatch
+from gpusched import memory, memwatch, status_rows
 from gpusched.model import GpuState
 from gpusched.placement import DEFAULT_HEADROOM_FRAC
 from gpusched.store import AttemptRow, Store, SuiteRow
@@ -32,7 +32,7 @@ def gib(mib: int | None) -> str:
 
 class Status:
     """The status document: ``head`` (every key but ``jobs``) and each job's entry as the
-    JSON text SQLite wrote (:meth:`Store.job_entries`), from which :meth:`doc` builds plain
+    JSON text SQLite wrote (:func:`status_rows.job_entries`), from which :meth:`doc` builds plain
     data and :meth:`text` the ``status --json`` output."""
 
     def __init__(self, head: dict[str, Any], entries: list[str]) -> None:
@@ -82,10 +82,16 @@ def status(
         limit = None if table_rows is None else table_rows - len(rows)
         if limit == 0:
             break
-        kinds = store.queued_kinds(suite=suite, limit=limit) if state in (None, "queued") else {}
+        kinds = status_rows.queued_kinds(store, suite=suite, limit=limit) if state in (None, "queued") else {}
         predictions = queued_predictions(store, kinds, suites, gpus)
-        rows += store.job_entries(
-            now=now, tier_names=tier_names, predictions=predictions, suite=suite, state=state, limit=limit
+        rows += status_rows.job_entries(
+            store,
+            now=now,
+            tier_names=tier_names,
+            predictions=predictions,
+            suite=suite,
+            state=state,
+            limit=limit,
         )
     live = store.live_attempts()
     running_on = Counter(a.gpu for a in live if a.gpu is not None)
@@ -184,7 +190,7 @@ def queued_predictions(
     store: Store, stand_in: dict[str, str], suites: dict[str, SuiteRow], gpus: list[GpuState]
 ) -> dict[str, ShownPrediction]:
     """The prediction (and start tier) the scheduler would place queued jobs with, by kind
-    (:meth:`Store.queued_kinds`, which names a job standing for each kind).
+    (:func:`status_rows.queued_kinds`, which names a job standing for each kind).
 
     A job that never ran has no history of its own, so all such jobs of one suite, task and
     tier get the same prediction (:func:`memwatch.demands` shares it too): one of them stands

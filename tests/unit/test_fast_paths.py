@@ -246,7 +246,8 @@ def test_rows_are_the_records_their_dataclass_would_build(tmp_path) -> None:  # 
     import pytest
 
     from gpusched.model import GpuPlan
-    from gpusched.store import JobRow, Store, _record
+    from gpusched.records import _record
+    from gpusched.store import JobRow, Store
     from tests.unit.test_scheduler import make_suite
 
     store = Store(tmp_path / "db.sqlite")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusched import memwatch
+from gpusched import memwatch, status_rows
 from gpusched.attempt import AttemptPaths
 from gpusched.model import GpuPlan, JobSpec, Suite
 from gpusched.placement import DEFAULT_HEADROOM_FRAC
@@ -149,7 +149,8 @@ def test_queued_jobs_get_the_prediction_demands_gives_each_of_them(tmp_path: Pat
         mixed_suite(tmp_path), name="solo", jobs=tuple(JobSpec(suite="solo", name=n, task=n) for n in names)
     )
     box.submit(replace(solo, jobs=(*solo.jobs, JobSpec(suite="solo", name="q", task="qnli"))))
-    assert len(box.store.queued_kinds(suite="solo")) == 2  # the five untried tasks ask once; qnli ran
+    # the five untried tasks ask once; qnli ran
+    assert len(status_rows.queued_kinds(box.store, suite="solo")) == 2
     doc = box.status()
     queued = [j for j in box.store.jobs() if j.state.value == "queued"]
     assert any(j.attempts for j in queued) and len({j.task for j in queued}) == 3 + 5
@@ -266,11 +267,12 @@ def test_an_sqlite_without_json_functions_is_one_clear_error(
 ) -> None:
     """The entries are SQLite's json_object: where the SQLite Python links lacks it, status
     says so and what to use, instead of a traceback."""
-    from gpusched import store as store_mod
     from gpusched.errors import StoreError
     from gpusched.views import status
 
     box = busy_box(tmp_path)
-    monkeypatch.setattr(store_mod, "_ENTRY", store_mod._ENTRY.replace("json_object(", "json_object_x(", 1))
+    monkeypatch.setattr(
+        status_rows, "_ENTRY", status_rows._ENTRY.replace("json_object(", "json_object_x(", 1)
+    )
     with pytest.raises(StoreError, match=r"JSON functions.*no such function: json_object_x.*SQLite 3\.38"):
         status(box.store, [], daemon=None)

@@ -1,0 +1,100 @@
+"""The state database's schema: its version and the tables (SQL text only).
+
+:class:`gpusched.store.Store` creates them on open (every statement is idempotent) and
+refuses a file written under a newer :data:`SCHEMA_VERSION`.
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS suites (
+    name TEXT PRIMARY KEY,
+    plan_path TEXT NOT NULL,
+    cwd TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    gpus TEXT NOT NULL,            -- json list of GPU indices of the gpu-plan
+    slots TEXT NOT NULL,           -- json list of per-GPU caps, same order
+    spec TEXT NOT NULL,            -- json Suite (without jobs)
+    env_path TEXT,                 -- the submitting shell's environment (sh, 0600)
+    options TEXT NOT NULL DEFAULT '{}',  -- backend options (partition, sbatch args, ...)
+    submitted_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS jobs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,   -- submission order (FIFO)
+    id TEXT NOT NULL UNIQUE,                 -- suite/name
+    suite TEXT NOT NULL,
+    name TEXT NOT NULL,
+    task TEXT NOT NULL,
+    spec TEXT NOT NULL,                      -- json JobSpec
+    priority INTEGER NOT NULL DEFAULT 0,
+    state TEXT NOT NULL,
+    tier INTEGER NOT NULL DEFAULT 0,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    errors INTEGER NOT NULL DEFAULT 0,       -- plain-error attempts (for opt-in retries)
+    lost INTEGER NOT NULL DEFAULT 0,
+    outcome TEXT,                            -- last attempt's outcome
+    reason TEXT,                             -- why the job is where it is
+    line TEXT,                               -- the log line behind the last outcome
+    wait_reason TEXT,                        -- why a queued job is not placed yet
+    avoid_gpu INTEGER,
+    not_before REAL,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    ended_at REAL
+);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
+CREATE INDEX IF NOT EXISTS jobs_suite ON jobs(suite, seq);
+CREATE INDEX IF NOT EXISTS jobs_queue ON jobs(state, priority DESC, seq);  -- a tick's candidates, in order
+CREATE TABLE IF NOT EXISTS attempts (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id TEXT NOT NULL REFERENCES jobs(id),
+    n INTEGER NOT NULL,                      -- 1-based attempt number of the job
+    tier INTEGER NOT NULL,
+    tier_name TEXT NOT NULL,
+    gpu INTEGER,
+    gpu_uuid TEXT,
+    backend TEXT NOT NULL,
+    dir TEXT NOT NULL,
+    token TEXT NOT NULL UNIQUE,
+    state TEXT NOT NULL,
+    handle TEXT,                             -- json executor handle
+    placement_reason TEXT,
+    predicted_mib INTEGER,
+    prediction_source TEXT,
+    launched_at REAL NOT NULL,
+    started_at REAL,
+    ended_at REAL,
+    exit_code INTEGER,
+    signal INTEGER,
+    outcome TEXT,
+    reason TEXT,
+    line TEXT,
+    peak_mib INTEGER,
+    UNIQUE(job_id, n)
+);
+CREATE INDEX IF NOT EXISTS attempts_state ON attempts(state);
+CREATE INDEX IF NOT EXISTS attempts_job ON attempts(job_id, n);
+-- the attempts that say something about memory: peak_history reads only these, however many
+-- attempts ended without a peak
+CREATE INDEX IF NOT EXISTS attempts_peaks ON attempts(job_id) WHERE peak_mib IS NOT NULL OR outcome = 'oom';
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    job_id TEXT,
+    kind TEXT NOT NULL,
+    message TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_job ON events(job_id);
+CREATE TABLE IF NOT EXISTS gpu_samples (
+    at REAL NOT NULL,
+    gpu INTEGER NOT NULL,
+    used_mib INTEGER,
+    total_mib INTEGER,
+    util_pct INTEGER
+);
+CREATE INDEX IF NOT EXISTS gpu_samples_at ON gpu_samples(at);
+"""

@@ -1,0 +1,126 @@
+"""The reads behind ``status``: the queued jobs' kinds and each job's ``status --json``
+entry, built by SQLite (:func:`job_entries`). Functions of an open :class:`~gpusched.store.Store`;
+only :mod:`gpusched.views` calls them.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from gpusched.errors import StoreError
+
+if TYPE_CHECKING:
+    from gpusched.store import Store
+
+#: A queued job's kind, as status asks the scheduler's prediction of it: a job with a history
+#: of its own by its id; one that never ran by its suite, task and tier (fields joined by the
+#: unit separator), its task left out when no job of that task has run anywhere: such a task
+#: has no history to predict from, so all such predict alike, and a suite whose jobs are each
+#: their own task (a plan without ``task:``) asks once per tier, not once per job
+#: (views.queued_predictions).
+_KIND = (
+    "CASE WHEN j.attempts > 0 THEN j.id ELSE j.suite || char(31)"
+    " || (CASE WHEN j.task IN (SELECT task FROM jobs WHERE attempts > 0) THEN j.task ELSE '' END)"
+    " || char(31) || j.tier END"
+)
+
+#: One ``jobs`` entry of ``status --json`` (views.py documents the keys), built by SQLite's
+#: json_object from a job and its newest attempt (``a``), the tier names of its suite
+#: (``t``) and, for a queued job, its kind's prediction (``p``). ``last_line`` (of a running
+#: job's log) is filled in by the caller; ``slurm`` carries a Slurm attempt's job id.
+_ENTRY = """json_object(
+    'id', j.id, 'suite', j.suite, 'name', j.name, 'state', j.state,
+    'tier', coalesce(t.name, CAST(j.tier AS TEXT)), 'tier_index', j.tier, 'attempt', j.attempts,
+    'gpu', a.gpu, 'outcome', j.outcome,
+    'reason', CASE WHEN j.state = 'queued' THEN coalesce(nullif(j.wait_reason, ''), j.reason)
+                   ELSE j.reason END,
+    'line', j.line, 'log', a.dir || '/output.log',
+    'runtime_s', CASE WHEN j.state != 'queued' AND a.started_at
+                      THEN round(coalesce(a.ended_at, :now) - a.started_at, 1) END,
+    'started_at', a.started_at, 'ended_at', j.ended_at,
+    'predicted_mib', CASE WHEN p.kind IS NULL THEN a.predicted_mib ELSE p.mib END,
+    'prediction_source', CASE WHEN p.kind IS NULL THEN a.prediction_source ELSE p.source END,
+    'peak_mib', a.peak_mib,
+    'cancel_requested', json(CASE WHEN j.cancel_requested THEN 'true' ELSE 'false' END),
+    'backend_handle', json(a.handle),
+    'tiers', coalesce(t.n, 1), 'start_tier', p.start_tier, 'last_line', NULL,
+    'slurm', CASE WHEN json_extract(a.handle, '$.slurm_job_id') IS NOT NULL
+                  THEN json_object('job_id', json_extract(a.handle, '$.slurm_job_id')) END
+)"""
+
+
+def queued_kinds(store: Store, *, suite: str | None = None, limit: int | None = None) -> dict[str, str]:
+    """The kinds (:data:`_KIND`) of the queued jobs (of ``suite``; the first ``limit`` of
+    them in submission order), each with the id of a job standing for it."""
+    sql = f"SELECT {_KIND} AS kind, j.id, j.seq FROM jobs j WHERE j.state = 'queued'"
+    args: list[Any] = []
+    if suite is not None:
+        sql += " AND j.suite = ?"
+        args.append(suite)
+    sql += " ORDER BY j.seq" + ("" if limit is None else f" LIMIT {int(limit)}")
+    grouped = f"SELECT kind, id, MIN(seq) FROM ({sql}) GROUP BY kind"
+    return {kind: job_id for kind, job_id, _ in store.db.execute(grouped, args)}
+
+
+def job_entries(
+    store: Store,
+    *,
+    now: float,
+    tier_names: Mapping[str, Sequence[str]],
+    predictions: Mapping[str, tuple[int | None, str, str]],
+    suite: str | None = None,
+    state: str | None = None,
+    limit: int | None = None,
+) -> list[tuple[str, str]]:
+    """``(state, entry)`` per job (of ``suite``, in ``state``; the first ``limit``), in
+    submission order, ``entry`` being the job's ``status --json`` entry as JSON text
+    (:data:`_ENTRY`), built by SQLite: a 10k-job store lists in the time one query takes,
+    with no Python object per field. ``tier_names`` maps each suite to its tiers' names;
+    ``predictions`` maps a queued job's kind (:func:`queued_kinds`) to the predicted MiB,
+    its source and the tier it would start at."""
+    db = store.db  # the temp tables live in this connection's own temp database (read-only too)
+    db.execute("CREATE TEMP TABLE IF NOT EXISTS shown_tier (suite TEXT, idx INTEGER, name TEXT, n INT)")
+    db.execute(
+        "CREATE TEMP TABLE IF NOT EXISTS shown_prediction"
+        " (kind TEXT PRIMARY KEY, mib INTEGER, source TEXT, start_tier TEXT)"
+    )
+    db.execute("DELETE FROM temp.shown_tier")
+    db.execute("DELETE FROM temp.shown_prediction")
+    db.executemany(
+        "INSERT INTO temp.shown_tier VALUES (?, ?, ?, ?)",
+        [(s, i, name, len(names)) for s, names in tier_names.items() for i, name in enumerate(names)],
+    )
+    db.executemany(
+        "INSERT INTO temp.shown_prediction VALUES (?, ?, ?, ?)", [(k, *v) for k, v in predictions.items()]
+    )
+    # the newest attempt is number j.attempts: begin_attempt counts it and inserts it in one
+    # transaction (a lookup in attempts(job_id, n), no MAX subquery per job)
+    sql = (
+        f"SELECT j.state, {_ENTRY} FROM jobs j"
+        " LEFT JOIN attempts a ON a.job_id = j.id AND a.n = j.attempts"
+        " LEFT JOIN temp.shown_tier t ON t.suite = j.suite AND t.idx = min(j.tier, t.n - 1)"
+        f" LEFT JOIN temp.shown_prediction p ON j.state = 'queued' AND p.kind = {_KIND}"
+    )
+    where, args = [], dict[str, Any](now=now)
+    for col, value in (("suite", suite), ("state", state)):
+        if value is not None:
+            where.append(f"j.{col} = :{col}")
+            args[col] = value
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += " ORDER BY j.seq"
+    if limit is not None:
+        sql += f" LIMIT {int(limit)}"
+    cur = db.cursor()
+    cur.row_factory = None  # tuples: a sqlite3.Row looks each column up by name
+    try:
+        return cur.execute(sql, args).fetchall()
+    except sqlite3.OperationalError as e:  # an SQLite built without JSON1, before 3.38 made it standard
+        if "no such function" not in str(e):
+            raise
+        raise StoreError(
+            f"status needs SQLite's JSON functions, which the SQLite {sqlite3.sqlite_version} that "
+            f"Python uses here lacks ({e}): use a Python linked with SQLite 3.38 or later"
+        ) from e
