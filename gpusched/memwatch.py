@@ -238,12 +238,7 @@ def demands(
         key = (job.suite, task, job.id if job.id in mine.get(job.task, ()) else "")
         made = kinds.get((*key, job.tier))
         if made is not None:  # a job like one before: its view is that one's with its own id and order
-            out[job.id] = Demand(
-                view=_like(made.view, job),
-                predictions=made.predictions,
-                note=made.note,
-                duration=made.duration,
-            )
+            out[job.id] = _like_demand(made, job)
             continue
         if key not in memo:
             memo[key] = _predictions(
@@ -313,6 +308,13 @@ def _like(view: placement.QueuedJob, job: JobRow) -> placement.QueuedJob:
     like.__dict__.update(
         view.__dict__, job_id=job.id, seq=job.seq, priority=job.priority, avoid_gpu=job.avoid_gpu
     )
+    return like
+
+
+def _like_demand(demand: Demand, job: JobRow) -> Demand:
+    """``replace(demand, view=_like(demand.view, job))``, as :func:`_like` builds it."""
+    like = object.__new__(Demand)
+    like.__dict__.update(demand.__dict__, view=_like(demand.view, job))
     return like
 
 
@@ -481,7 +483,8 @@ def last_wave(demand: Mapping[str, Demand]) -> bool:
     (``memory.choose_holds``; 1.109 alone) the eight E1-like seeds went from 1.112 to 1.108 x
     the lower bound (seed 11 1.123 -> 1.115, seed 1 1.111 -> 1.114, the rest unchanged; this
     alone 1.111)."""
-    cards = {g for d in demand.values() for g, cap in d.view.allowed.items() if cap > 0}
+    plans = {id(d.view.allowed): d.view.allowed for d in demand.values()}  # one map per suite, shared
+    cards = {g for allowed in plans.values() for g, cap in allowed.items() if cap > 0}
     return 0 < len(demand) <= len(cards)
 
 
@@ -634,10 +637,12 @@ class MemoryWatch:
             self.overtaken_since.pop(job_id, None)
         if not placed:
             return
-        order = {j.job_id: placement.job_order(j) for j in queued}
-        last = max(order[j] for j in placed if j in order)
-        for w in decision.waits:
-            if w.job_id in order and order[w.job_id] < last:
+        views = {j.job_id: j for j in queued}
+        last = max(placement.job_order(views[j]) for j in placed if j in views)
+        for w in decision.waits:  # in the queue's order: the overtaken ones come first
+            if w.job_id in views:
+                if placement.job_order(views[w.job_id]) >= last:
+                    break
                 self.overtaken_since.setdefault(w.job_id, now)
 
     def reserved(self, live: Sequence[AttemptRow], att: memory.Attribution, now: float) -> Counter[int]:

@@ -104,6 +104,9 @@ class GpuSlotView:
 
 @dataclass(frozen=True, kw_only=True)
 class Decision:
+    """What :func:`assign` decided: placements in the order made, and the jobs left waiting
+    in the queue's order (:func:`job_order`), which callers rely on."""
+
     placements: tuple[Placement, ...] = ()
     waits: tuple[Wait, ...] = ()
 

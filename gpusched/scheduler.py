@@ -334,10 +334,7 @@ class Scheduler:
     ) -> None:
         """Keep a card free for a job that memory has kept waiting too long (the card's jobs
         end, nothing new lands there, the job gets it); add the why to the waits."""
-        waiting = sorted(
-            ((demand[j].view, waited[j]) for j in waits if j in demand),
-            key=lambda w: placement.job_order(w[0]),
-        )
+        waiting = [(demand[j].view, waited[j]) for j in waits if j in demand]  # in the queue's order
         old = dict(self.memory.holds)
         self.memory.holds = memory.choose_holds(
             waiting,

@@ -486,10 +486,11 @@ def test_a_job_overtaken_by_later_jobs_counts_as_starved_until_it_is_placed(tmp_
     watch = memwatch.MemoryWatch(Store(tmp_path / "q.db"))
     big = replace(job(16, name="big"), predicted_s=7200.0)
     small = replace(job(4, name="small"), predicted_s=600.0)
-    demand = {j.job_id: memwatch.Demand(view=j, predictions=()) for j in (big, small)}
+    later = replace(job(9, name="later"), predicted_s=300.0)  # after small in the queue: not overtaken
+    demand = {j.job_id: memwatch.Demand(view=j, predictions=()) for j in (big, small, later)}
     views = [view(0, free=10, running=1)]
-    watch.overtaken([big, small], assign([big, small], views, headroom_frac=0.1), now=100.0)
-    assert watch.starved(demand, 700.0) == {"big": 600.0, "small": 0.0}
+    watch.overtaken([later, big, small], assign([later, big, small], views, headroom_frac=0.1), now=100.0)
+    assert watch.starved(demand, 700.0) == {"big": 600.0, "small": 0.0, "later": 0.0}
     watch.overtaken([big], Decision(), now=800.0)  # nothing placed: still starved since 100
     assert watch.starved(demand, 900.0)["big"] == 800.0
     placed = assign([big], [view(0, free=24)], headroom_frac=0.1)

@@ -534,6 +534,16 @@ def test_every_job_is_placed_or_waits_once_with_a_reason(queued: list[QueuedJob]
 
 @settings(max_examples=150, deadline=None)
 @given(job_lists(), gpu_lists())
+def test_the_jobs_left_waiting_come_in_the_queue_s_order(queued: list[QueuedJob], gpus: list[GpuSlotView]):
+    """The scheduler's holds and its count of overtaken jobs read the waits in this order
+    instead of sorting them again every tick."""
+    by_id = {j.job_id: j for j in queued}
+    waits = [by_id[w.job_id] for w in assign(queued, gpus, headroom_frac=HEADROOM).waits]
+    assert waits == sorted(waits, key=job_order)
+
+
+@settings(max_examples=150, deadline=None)
+@given(job_lists(), gpu_lists())
 def test_never_exceeds_a_slot_cap(queued: list[QueuedJob], gpus: list[GpuSlotView]):
     for placed, card in replay(queued, gpus, assign(queued, gpus, headroom_frac=HEADROOM)):
         assert card.running < placed.allowed.get(card.index, 0)
