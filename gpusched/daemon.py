@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import select
 import signal
@@ -24,8 +23,9 @@ from typing import Any
 
 from gpusched.errors import DaemonError
 from gpusched.home import Home
+from gpusched.logs import logger
 
-log = logging.getLogger(__name__)
+log = logger(__name__)  # logging is imported on first use (status logs nothing)
 
 #: Seconds between SIGTERM and SIGKILL when a running job is cancelled (tests set it low).
 CANCEL_GRACE_ENV = "GPUSCHED_CANCEL_GRACE_S"
@@ -180,6 +180,8 @@ def run(home: Home, *, probe_spec: str | None = None, interval_s: float = 1.0, s
         return 0
     # a daemon killed with -9 leaves its daemon.json: replace it before anyone reads its pid
     _write_info(home, {"pid": os.getpid(), "started_at": time.time(), "ready": False})
+    import logging
+
     logging.basicConfig(
         level=os.environ.get("GPUSCHED_LOG", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -5,7 +5,6 @@ A message says what was wrong, where (file, key, flag) and how to fix it.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 
@@ -58,5 +57,7 @@ class CommandFailed(GpuschedError):
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` when a close choice exists, else ``''``."""
+    import difflib  # only on the way to an error message
+
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""

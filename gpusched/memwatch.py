@@ -14,7 +14,6 @@ the scheduler and ``status`` both call it, so both show the same prediction.
 from __future__ import annotations
 
 import json
-import logging
 import os
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -22,10 +21,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpusched import memory, placement, predict
+from gpusched.logs import logger
 from gpusched.model import GpuState, Outcome, Tier
 from gpusched.store import AttemptRow, JobRow, Store, SuiteRow
 
-log = logging.getLogger(__name__)
+log = logger(__name__)  # logging is imported on first use (status logs nothing)
 
 HOST_MIN_ENV = "GPUSCHED_HOST_MIN_FREE"  # e.g. "4GiB", "10%", "4GiB,10%", "0" (off)
 HOST_OOM_FLAG = "host_oom"  # store flag: [when, job id] of a host OOM not yet recovered from

@@ -4,6 +4,7 @@ light (no rich, yaml, psutil or NVML on its path)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -202,6 +203,7 @@ def test_status_loads_no_heavy_module(tmp_path: Path) -> None:
         "for argv in (['status'], ['status', '--json']):\n"
         "    assert main(argv) == 0\n"
         "heavy = {'rich', 'yaml', 'psutil', 'pynvml', 'libtmux', 'filelock', 'tenacity', 'torch'}\n"
+        "heavy |= {'difflib', 'logging'}  # did-you-mean for an error; the loggers on first use\n"
         "print('LOADED', sorted(heavy & {m.split('.')[0] for m in sys.modules}))\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("GPUSCHED_FAKE_GPUS", "NO_COLOR")}
@@ -240,6 +242,22 @@ def test_status_shows_the_snapshot_the_daemon_published_while_it_is_fresh(
     assert [g["name"] for g in cli._status_doc(args, store)["gpus"]] == ["Fake GPU"]
     published.path(home).write_text("{not json")
     assert published.read(home, now=time.time()) is None
+
+
+def test_a_command_parses_alike_with_or_without_the_other_commands_built() -> None:
+    """main() builds only the named command's subparser (all twelve cost ~8 ms a command):
+    the list of commands is the parser's, and each parses as the full parser parses it."""
+    from gpusched import cli
+
+    full = cli.build_parser()
+    choices = next(a for a in full._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert tuple(choices) == cli.COMMANDS
+    samples = {"attach": ["E1/a"], "logs": ["E1/a", "-n", "3"], "retry": ["E1/a"], "daemon": ["status"]}
+    for name in cli.COMMANDS:
+        argv = [name, *samples.get(name, ["--suite", "E1"] if name in ("submit", "simulate") else [])]
+        if name == "simulate":
+            argv += ["--gpu-plan", "1"]
+        assert vars(cli.build_parser(name).parse_args(argv)) == vars(full.parse_args(argv)), name
 
 
 def test_status_answers_while_the_daemon_holds_the_write_lock(tmp_path: Path) -> None:
