@@ -69,7 +69,9 @@ class _Begun:
     request: LaunchRequest
 
 
-AssignFn = Callable[..., placement.Decision]  # (queued, views, *, headroom_frac) -> Decision
+#: (queued, views, *, headroom_frac) -> Decision, its waits in :func:`placement.job_order` of
+#: ``queued`` as :func:`placement.assign` leaves them (holds and starvation read them in it).
+AssignFn = Callable[..., placement.Decision]
 
 
 @dataclass(kw_only=True)
@@ -93,7 +95,8 @@ class Scheduler:
         assign: AssignFn | None = None,
     ) -> None:
         """``process_trees``, ``host_memory`` (defaults: the real process table and psutil)
-        and ``assign`` (default :func:`placement.assign`) are seams for the simulator."""
+        and ``assign`` (default :func:`placement.assign`; see :data:`AssignFn`) are seams for
+        the simulator."""
         self.store = store
         self.probe = probe
         self.executors = executors  # not a copy: the daemon's makes a backend on first use

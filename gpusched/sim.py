@@ -186,6 +186,15 @@ class Policy:
     memory_aware: bool = True  # start safer, holds
 
 
+def _in_queue_order(
+    decision: placement.Decision, queued: Sequence[placement.QueuedJob]
+) -> placement.Decision:
+    """``decision`` with its waits in the scheduler's queue order (``AssignFn``'s contract): a
+    baseline places ``plain`` copies of the jobs, whose order is the plan's."""
+    rank = {j.job_id: placement.job_order(j) for j in queued}
+    return replace(decision, waits=tuple(sorted(decision.waits, key=lambda w: rank[w.job_id])))
+
+
 def static_assign(order: Sequence[int]) -> Callable[..., placement.Decision]:
     """Seed 004's tmux launcher: job k (in submit order) is bound to GPU ``order[k % n]``
     (the plan's slots dealt round-robin) and runs there whenever that card has a free slot."""
@@ -197,7 +206,7 @@ def static_assign(order: Sequence[int]) -> Callable[..., placement.Decision]:
         for j in queued:
             g = order[(j.seq - 1) % len(order)]
             pinned.append(replace(plain(j), allowed={g: j.allowed.get(g, 0)}, predicted_mib=None))
-        return placement.assign(pinned, views, headroom_frac=headroom_frac)
+        return _in_queue_order(placement.assign(pinned, views, headroom_frac=headroom_frac), queued)
 
     return assign
 
@@ -215,9 +224,8 @@ def ts_assign(free_frac: float = 0.90) -> Callable[..., placement.Decision]:
             free = v.free_mib is not None and v.total_mib and v.free_mib >= free_frac * v.total_mib
             blank = replace(v, free_mib=None, total_mib=None, reserved_mib=0, held_for=None)
             seen.append(blank if free else replace(blank, running=10**9))
-        return placement.assign(
-            [replace(plain(j), predicted_mib=None) for j in queued], seen, headroom_frac=headroom_frac
-        )
+        blind = [replace(plain(j), predicted_mib=None) for j in queued]
+        return _in_queue_order(placement.assign(blind, seen, headroom_frac=headroom_frac), queued)
 
     return assign
 
@@ -234,7 +242,9 @@ def fifo_assign(
 ) -> placement.Decision:
     """Slot-only least-loaded placement (gpusched v1): :func:`placement.assign` on jobs in the
     order given (the scheduler's probe is blind for this policy, so no memory is known)."""
-    return placement.assign([plain(j) for j in queued], views, headroom_frac=headroom_frac)
+    return _in_queue_order(
+        placement.assign([plain(j) for j in queued], views, headroom_frac=headroom_frac), queued
+    )
 
 
 def plan_order(plan: GpuPlan) -> list[int]:

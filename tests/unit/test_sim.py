@@ -144,3 +144,33 @@ def test_baselines_run_jobs_in_the_order_given_at_the_tier_given() -> None:
     assert [p.job_id for p in assign(jobs, card).placements] == ["j1"]  # gpusched: longest first
     assert [p.job_id for p in sim.fifo_assign(jobs, card, headroom_frac=0.1).placements] == ["j0"]
     assert sim.plain(jobs[1]) == QueuedJob(job_id="j1", seq=1, tier=0, tiers=tiers, allowed={0: 1})
+
+
+def test_the_baselines_leave_waiting_jobs_in_the_scheduler_s_queue_order() -> None:
+    """The scheduler reads an assign's waits in ``placement.job_order`` (its holds, its count
+    of overtaken jobs); a baseline places plain copies (FIFO) and must hand them back in it."""
+    from gpusched import placement
+    from gpusched.model import Tier
+
+    plan = GpuPlan(gpus=(0, 1), slots=(1, 1))
+    jobs = [
+        placement.QueuedJob(
+            job_id=f"j{seq}",
+            seq=seq,
+            tier=0,
+            tiers=(Tier(name="A"),),
+            allowed={0: 1, 1: 1},
+            predicted_mib=4 * MIB_PER_GIB,
+            predicted_s=float(seq * 600),  # the longest (the last submitted) first
+        )
+        for seq in range(1, 7)
+    ]
+    views = [
+        placement.GpuSlotView(index=g, free_mib=24 * MIB_PER_GIB, total_mib=24 * MIB_PER_GIB) for g in (0, 1)
+    ]
+    for name, policy in sim.policies(plan).items():
+        decision = (policy.assign or placement.assign)(jobs, views, headroom_frac=0.1)
+        by_id = {j.job_id: j for j in jobs}
+        waits = [by_id[w.job_id] for w in decision.waits]
+        assert len(waits) == 4, name
+        assert waits == sorted(waits, key=placement.job_order), name
