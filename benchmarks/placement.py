@@ -5,8 +5,8 @@ same run:
     python benchmarks/placement.py --seeds 4,7,11,1,2,3,5,6 --policy gpusched
 
 ``--seeds`` runs several traces and prints one line per seed and policy, with makespan / lower
-bound to three places, and each policy's mean over the seeds (how the README's placement rounds
-compare rules); ``--policy`` (repeatable) runs only the policies named.
+bound to three places, and each policy's mean over the seeds (how docs/placement-rounds.md
+compares rules); ``--policy`` (repeatable) runs only the policies named.
 
 The machine is seed 004's: 7 x 24 GiB cards, 2 jobs per card (``--gpu-plan 2,2,2,2,2,2,2``).
 The suite is 120 GLA-1.3B LoRA fine-tunes (8 GLUE-like tasks x 15 seeds) with the spread of
