@@ -190,7 +190,7 @@ def _in_queue_order(
     decision: placement.Decision, queued: Sequence[placement.QueuedJob]
 ) -> placement.Decision:
     """``decision`` with its waits in the scheduler's queue order (``AssignFn``'s contract): a
-    baseline places ``plain`` copies of the jobs, which it orders by submission alone."""
+    baseline places ``plain`` copies of the jobs, ordered without their run times."""
     rank = {j.job_id: placement.job_order(j) for j in queued}
     return replace(decision, waits=tuple(sorted(decision.waits, key=lambda w: rank[w.job_id])))
 
