@@ -8,7 +8,8 @@ process trees of its attempts, host RAM) and acts on the answers.
   ``CUDA_VISIBLE_DEVICES``).
 * :func:`reserved_mib` -- memory promised to a running attempt that the card does not show
   yet: the rest of its predicted peak while it ramps up, and for a learned prediction as long
-  as it runs (a job below its learned peak will grow back to it).
+  as it runs (a job below its learned peak will grow back to it); a job whose peak is still a
+  guess, once settled, what jobs have been seen to grow by after settling (:data:`MAX_STEP_UP`).
 * :func:`ladder_points` and :func:`fill_ladder` -- a task's peak at a tier it has not run
   yet, from its learned peak one tier up and the ratio measured between the two tiers on the
   suite's task of the nearest smaller peak (source ``"ladder"``, :func:`ladder_ratio`);
@@ -44,6 +45,11 @@ from gpusched.predict import PeakSample, Prediction
 
 #: Measured usage rising by more than this counts as still ramping up.
 GROWTH_MIB = 256
+
+#: A finished job whose peak was more than this many times what it held when it first stopped
+#: growing had not settled then (a pause before its model was loaded, say): such ratios are not
+#: learned as how much jobs grow after settling.
+MAX_STEP_UP = 2.0
 
 # --------------------------------------------------------------------------- attribution
 
@@ -145,6 +151,7 @@ class Holding:
     learned: bool  # the prediction comes from the job's or its task's own history
     used_mib: int | None  # measured now on its card (None: the probe cannot tell)
     ramping: bool  # launched, or last grew by more than GROWTH_MIB, within the ramp window
+    grows_to_mib: int | None = None  # what it held when it first settled, times the learned step-up
 
 
 def reserved_mib(h: Holding) -> int:
@@ -152,16 +159,17 @@ def reserved_mib(h: Holding) -> int:
 
     The rest of its predicted peak (``predicted - used``) while it ramps up; once it has
     settled, still that rest when the prediction is learned and its usage is measured (it
-    will come back to its learned peak, e.g. at evaluation), nothing otherwise (a default
-    prediction is a guess, not knowledge)."""
+    will come back to its learned peak, e.g. at evaluation). A default prediction is a guess,
+    not knowledge: once settled, such a job holds what jobs were seen to grow by after
+    settling (``grows_to_mib - used``: a plateau before an evaluation's peak), else nothing."""
     if not h.predicted_mib:
         return 0
-    left = h.predicted_mib - (h.used_mib or 0)
-    if left <= 0:
-        return 0
+    left = 0
     if h.ramping or (h.learned and h.used_mib is not None):
-        return left
-    return 0
+        left = h.predicted_mib - (h.used_mib or 0)
+    if not h.learned and h.grows_to_mib and h.used_mib is not None:
+        left = max(left, h.grows_to_mib - h.used_mib)
+    return max(0, left)
 
 
 def is_ramping(now: float, launched_at: float, last_growth_at: float | None, ramp_s: float) -> bool:

@@ -14,6 +14,7 @@ the scheduler and ``status`` both call it, so both show the same prediction.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -498,6 +499,7 @@ class _Seen:
     used_mib: int | None
     peak_mib: int
     grew_at: float | None
+    settled_mib: int | None  # what it held when it first stopped growing (the store keeps it too)
 
 
 class MemoryWatch:
@@ -525,6 +527,8 @@ class MemoryWatch:
         self.memory_bound_since: dict[str, float] = {}  # job id -> since when memory keeps it waiting
         self.overtaken_since: dict[str, float] = {}  # job id -> since when later jobs get placed past it
         self._warned: set[int] = set()
+        self._step_up: float | None = None  # learned: how much jobs grow after settling (ratio)
+        self._step_up_read = False
 
     # ------------------------------------------------------------------ measure
 
@@ -549,9 +553,16 @@ class MemoryWatch:
         return att
 
     def _note(self, a: AttemptRow, u: memory.Usage, now: float) -> None:
-        s = self.seen.get(a.id) or _Seen(
-            gpu=a.gpu, pids=frozenset(), used_mib=None, peak_mib=a.peak_mib or 0, grew_at=None
-        )
+        s = self.seen.get(a.id)
+        if s is None:  # first seen (by this daemon: a restarted one reads what was settled)
+            s = _Seen(
+                gpu=a.gpu,
+                pids=frozenset(),
+                used_mib=None,
+                peak_mib=a.peak_mib or 0,
+                grew_at=None,
+                settled_mib=self.store.settled(a.id),
+            )
         if u.pids_on_gpu:
             s.pids = u.pids_on_gpu
         if u.used_mib is not None:
@@ -561,6 +572,9 @@ class MemoryWatch:
             if u.used_mib > s.peak_mib:
                 s.peak_mib = u.used_mib
                 self.store.set_peak(a.id, u.used_mib)
+            if s.settled_mib is None and u.used_mib and not self._ramping(a, s, now):
+                s.settled_mib = u.used_mib
+                self.store.set_settled(a.id, u.used_mib)
         self.seen[a.id] = s
         if u.elsewhere and a.id not in self._warned:
             self._warned.add(a.id)
@@ -585,11 +599,19 @@ class MemoryWatch:
             if not still or now - ended_at >= self.release_s:
                 del self.releasing[aid]
 
-    def ended(self, a: AttemptRow, result: Outcome, now: float) -> None:
+    def ended(
+        self, a: AttemptRow, result: Outcome, now: float, *, reported_peak_mib: int | None = None
+    ) -> None:
         """``a`` was reaped: its processes count as ours while its memory is released; a host
-        OOM holds launches until host RAM recovers."""
+        OOM holds launches until host RAM recovers; a successful one that settled teaches how
+        much jobs grow after settling (its peak, or the in-job helper's ``reported_peak_mib``
+        where larger, over what it held when it settled)."""
         s = self.seen.pop(a.id, None)
         self._warned.discard(a.id)
+        if s is not None and s.settled_mib and result is Outcome.OK:
+            ratio = max(s.peak_mib, a.peak_mib or 0, reported_peak_mib or 0) / s.settled_mib
+            if ratio <= memory.MAX_STEP_UP:
+                self._step_up = max(self.step_up() or 0.0, ratio)
         if s is not None and s.pids:
             tree = memory.Tree(attempt_id=a.id, job_id=a.job_id, gpu=s.gpu, pids=s.pids, ending=True)
             self.releasing[a.id] = (tree, now)
@@ -652,14 +674,31 @@ class MemoryWatch:
             if a.gpu is None or not a.predicted_mib:
                 continue
             usage, seen = att.usage.get(a.id), self.seen.get(a.id)
+            settled, step_up = seen.settled_mib if seen else None, None
+            if settled and a.prediction_source not in LEARNED_SOURCES:
+                step_up = self.step_up()
             holding = memory.Holding(
                 predicted_mib=a.predicted_mib,
                 learned=a.prediction_source in LEARNED_SOURCES,
                 used_mib=usage.used_mib if usage else None,
                 ramping=memory.is_ramping(now, a.launched_at, seen.grew_at if seen else None, self.ramp_s),
+                grows_to_mib=math.ceil(settled * step_up) if settled and step_up else None,
             )
             out[a.gpu] += memory.reserved_mib(holding)
         return out
+
+    def step_up(self) -> float | None:
+        """How much jobs grow after settling, learned (a ratio: the most a successful
+        attempt's peak exceeded what it held when it first settled; see :data:`memory.MAX_STEP_UP`),
+        read from the store once and then kept up to date as attempts end. None until one has."""
+        if not self._step_up_read:
+            self._step_up_read = True
+            stored = self.store.step_up(memory.MAX_STEP_UP)
+            self._step_up = max(stored or 0.0, self._step_up or 0.0) or None
+        return self._step_up
+
+    def _ramping(self, a: AttemptRow, s: _Seen, now: float) -> bool:
+        return memory.is_ramping(now, a.launched_at, s.grew_at, self.ramp_s)
 
     def host_wait(self, now: float) -> str | None:
         """Why launches wait for host RAM now (clearing a recovered host-OOM hold), or None."""

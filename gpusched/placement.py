@@ -98,7 +98,7 @@ class GpuSlotView:
 
     @property
     def usable_mib(self) -> int | None:
-        """Free memory not yet promised to a just-launched job; ``None`` when unknown."""
+        """Free memory not yet promised to a running job yet to grow; ``None`` when unknown."""
         return None if self.free_mib is None else self.free_mib - self.reserved_mib
 
 
@@ -529,7 +529,9 @@ def _free_text(gpu: GpuSlotView) -> str:
     if gpu.usable_mib is None:
         return "free memory unknown"
     if gpu.reserved_mib:
-        return f"{gib(gpu.usable_mib)} free after {gib(gpu.reserved_mib)} reserved for just-launched jobs"
+        return (
+            f"{gib(gpu.usable_mib)} free after {gib(gpu.reserved_mib)} reserved for running jobs yet to grow"
+        )
     return f"{gib(gpu.usable_mib)} free"
 
 

@@ -195,7 +195,7 @@ class Scheduler:
         step = self._next_step(job, a, result, now)
         self.store.finish_attempt(a.id, exit=exit_rec, result=result, step=step, now=now)
         self._term_sent.pop(a.id, None)
-        self.memory.ended(a, result.outcome, now)
+        self.memory.ended(a, result.outcome, now, reported_peak_mib=exit_rec.peak_mib if exit_rec else None)
         self.on_event(f"{a.job_id}: attempt {a.n} ({a.tier_name}) {result.outcome.value} -> {step.reason}")
         return result.outcome
 

@@ -83,6 +83,13 @@ CREATE INDEX IF NOT EXISTS attempts_job ON attempts(job_id, n);
 -- the attempts that say something about memory: peak_history reads only these, however many
 -- attempts ended without a peak
 CREATE INDEX IF NOT EXISTS attempts_peaks ON attempts(job_id) WHERE peak_mib IS NOT NULL OR outcome = 'oom';
+-- what an attempt held when it first stopped growing: its plateau, before later peaks such as
+-- evaluation's. A finished attempt's peak over it is how much a job still grows after it looks
+-- settled, which a running job whose peak is still a guess is held to (memwatch.MemoryWatch)
+CREATE TABLE IF NOT EXISTS settles (
+    attempt_id INTEGER PRIMARY KEY REFERENCES attempts(id),
+    mib INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     at REAL NOT NULL,

@@ -463,6 +463,25 @@ class Store:
             (peak_mib, attempt_id),
         )
 
+    def set_settled(self, attempt_id: int, mib: int) -> None:
+        """Record what an attempt held when it first stopped growing (kept if already set)."""
+        self.db.execute("INSERT OR IGNORE INTO settles (attempt_id, mib) VALUES (?, ?)", (attempt_id, mib))
+
+    def settled(self, attempt_id: int) -> int | None:
+        row = self.db.execute("SELECT mib FROM settles WHERE attempt_id = ?", (attempt_id,)).fetchone()
+        return None if row is None else int(row[0])
+
+    def step_up(self, at_most: float) -> float | None:
+        """The most a successful attempt's peak exceeded what it held when it first settled, as
+        a ratio (peak / settled); ratios over ``at_most`` are left out. None without any."""
+        row = self.db.execute(
+            "SELECT MAX(CAST(a.peak_mib AS REAL) / s.mib) FROM settles s"
+            " JOIN attempts a ON a.id = s.attempt_id"
+            " WHERE a.outcome = 'ok' AND s.mib > 0 AND a.peak_mib <= ? * s.mib",
+            (at_most,),
+        ).fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
     def note(self, job_id: str | None, kind: str, message: str, *, now: float) -> None:
         """Record an event that changes no state (a warning the user should see)."""
         with self.tx():

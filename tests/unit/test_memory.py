@@ -102,6 +102,24 @@ def test_a_card_where_our_job_shows_no_process_counts_no_outside_memory() -> Non
         (Holding(predicted_mib=10 * GIB, learned=True, used_mib=None, ramping=False), 0),
         (Holding(predicted_mib=10 * GIB, learned=True, used_mib=12 * GIB, ramping=True), 0),
         (Holding(predicted_mib=None, learned=False, used_mib=None, ramping=True), 0),
+        (  # a guess, settled at 12 GiB, where jobs have been seen to grow by 1/4 after settling
+            Holding(
+                predicted_mib=10 * GIB, learned=False, used_mib=12 * GIB, ramping=False, grows_to_mib=15 * GIB
+            ),
+            3 * GIB,
+        ),
+        (  # ... and once it has grown so
+            Holding(
+                predicted_mib=10 * GIB, learned=False, used_mib=15 * GIB, ramping=False, grows_to_mib=15 * GIB
+            ),
+            0,
+        ),
+        (  # a learned peak is what it will come back to, whatever others grew by
+            Holding(
+                predicted_mib=13 * GIB, learned=True, used_mib=12 * GIB, ramping=False, grows_to_mib=15 * GIB
+            ),
+            GIB,
+        ),
     ],
 )
 def test_reservation_is_the_rest_of_the_predicted_peak_while_it_can_still_come(

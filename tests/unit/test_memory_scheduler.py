@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from gpusched.executors.fake import FakeExecutor
 from gpusched.gpus.fake import FakeProbe, FakeUsage
 from gpusched.memory import HostMemory
@@ -270,3 +272,79 @@ def test_status_renders_memory_outsiders_and_host_waits(tmp_path: Path) -> None:
     box.host = HostMemory(available_mib=1 * GIB, total_mib=256 * GIB)
     text = format_status(box.status(), width=200)
     assert "pid 4242 5.0 GiB" in text and "launches wait: host RAM low" in text and "~20.6 default" in text
+
+
+def _one_job_suite(tmp: Path, name: str, task: str) -> Suite:
+    return Suite(
+        name=name,
+        plan_path=str(tmp / f"{name}.yaml"),
+        workdir=str(tmp),
+        logs_dir=str(tmp / "logs" / name),
+        command="python train.py --config {config}",
+        base_config=None,
+        tiers=TIERS,
+        jobs=(JobSpec(suite=name, name=task, task=task),),
+    )
+
+
+def _night_until_boolq_settles(tmp: Path, *, mrpc_settles: bool, mrpc_first_gib: float = 7) -> Box:
+    """An mrpc job runs alone and ends ok: it holds 7 GiB, then 8.4 GiB at its evaluation
+    (``mrpc_settles``: it stays at 7 GiB long enough to count as settled before it grows).
+    Then the night's first boolq runs, its peak a guess, and sits at 12.9 GiB; one more mrpc
+    (its peak known: 8.4 GiB) waits in the queue for the card's other slot."""
+    box = Box(tmp, GpuPlan(gpus=(0,), slots=(2,)), cards="1x24GiB")
+    box.submit(_one_job_suite(tmp, "S1", "mrpc"))
+    box.tick()
+    token = box.run_on("S1/mrpc", 0, {101: mrpc_first_gib})
+    box.tick()  # seen at its first level
+    box.tick(61 if mrpc_settles else 1)
+    box.run_on("S1/mrpc", 0, {101: 8.4})
+    box.tick()
+    box.ex.finish(token, exit_code=0)
+    box.procs[0] = []
+    box.tick(31)  # reaped, its memory released
+    box.submit(_one_job_suite(tmp, "S2", "boolq"))
+    assert box.tick().launched == [("S2/boolq", 0, "A")]
+    assert box.attempt("S2/boolq").prediction_source == "default"
+    box.run_on("S2/boolq", 0, {201: 12.9})
+    box.tick()
+    box.tick(61)  # settled
+    box.submit(_one_job_suite(tmp, "S3", "mrpc"))
+    return box
+
+
+def test_a_settled_job_whose_peak_is_a_guess_keeps_room_for_what_jobs_grew_by_after_settling(
+    tmp_path: Path,
+) -> None:
+    # 12.9 + 8.4 GiB fit under the card's 21.6 GiB (10 % headroom), but mrpc grew by 1.2x after
+    # settling: the boolq may yet reach ~15.5 GiB (at its evaluation), and 15.5 + 8.4 does not fit
+    box = _night_until_boolq_settles(tmp_path / "learned", mrpc_settles=True)
+    mrpc = box.attempt("S1/mrpc")
+    assert box.store.settled(mrpc.id) == 7 * GIB
+    assert box.store.step_up(2.0) == pytest.approx(8.4 / 7, rel=1e-3)
+    assert box.store.settled(box.attempt("S2/boolq").id) == int(12.9 * GIB)
+    assert box.tick().launched == []
+    assert (box.store.job("S3/mrpc").wait_reason or "").startswith(  # type: ignore[union-attr]
+        "GPU 0 has 8.5 GiB free after 2.6 GiB reserved for running jobs yet to grow"
+    )
+    # a restarted daemon (a new scheduler on the same store) still knows both
+    box.sched = Scheduler(
+        box.store, box.probe, {"fake": box.ex}, process_trees=box._trees, host_memory=lambda: box.host
+    )
+    assert box.tick().launched == []
+    # the boolq reached its peak: nothing more to keep for it, and 15.5 + 8.4 GiB still do not fit
+    box.run_on("S2/boolq", 0, {201: 15.5})
+    assert box.tick().launched == []
+    # without a step-up learned (mrpc grew before it ever settled), the mrpc goes beside it at once
+    fresh = _night_until_boolq_settles(tmp_path / "unlearned", mrpc_settles=False)
+    assert fresh.store.step_up(2.0) is None
+    assert fresh.tick().launched == [("S3/mrpc", 0, "A")]
+
+
+def test_a_pause_at_a_fraction_of_the_peak_is_not_learned_as_settling(tmp_path: Path) -> None:
+    # the mrpc sat at 3 GiB for a minute (loading its data before its model, say), then went to
+    # 8.4 GiB: 2.8x is not a plateau before an evaluation, and would make every guess hold far too much
+    box = _night_until_boolq_settles(tmp_path, mrpc_settles=True, mrpc_first_gib=3)
+    assert box.store.settled(box.attempt("S1/mrpc").id) == 3 * GIB
+    assert box.store.step_up(2.0) is None
+    assert box.tick().launched == [("S3/mrpc", 0, "A")]

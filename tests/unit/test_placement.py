@@ -246,7 +246,7 @@ WAITS = [
     pytest.param(
         job(predicted=9 * GIB),
         [gpu(0, free=20, total=24, reserved=15)],
-        "GPU 0 has 5.0 GiB free after 15.0 GiB reserved for just-launched jobs,"
+        "GPU 0 has 5.0 GiB free after 15.0 GiB reserved for running jobs yet to grow,"
         " needs 9.0 GiB (+10% headroom)",
         id="reservations-count",
     ),
