@@ -46,9 +46,9 @@ from gpusched.predict import PeakSample, Prediction
 #: Measured usage rising by more than this counts as still ramping up.
 GROWTH_MIB = 256
 
-#: A finished job whose peak was more than this many times what it held when it first stopped
-#: growing had not settled then (a pause before its model was loaded, say): such ratios are not
-#: learned as how much jobs grow after settling.
+#: A job that grows to more than this many times what it held when it stopped growing had not
+#: settled then (a pause before its model was loaded, say): that level is forgotten and its
+#: next one kept, and no such ratio is learned as how much jobs grow after settling.
 MAX_STEP_UP = 2.0
 
 # --------------------------------------------------------------------------- attribution

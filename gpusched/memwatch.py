@@ -499,7 +499,7 @@ class _Seen:
     used_mib: int | None
     peak_mib: int
     grew_at: float | None
-    settled_mib: int | None  # what it held when it first stopped growing (the store keeps it too)
+    settled_mib: int | None  # what it held when it first stopped growing, past any pause (stored too)
 
 
 class MemoryWatch:
@@ -572,6 +572,9 @@ class MemoryWatch:
             if u.used_mib > s.peak_mib:
                 s.peak_mib = u.used_mib
                 self.store.set_peak(a.id, u.used_mib)
+            if s.settled_mib and u.used_mib > memory.MAX_STEP_UP * s.settled_mib:
+                s.settled_mib = None  # that was a pause (loading data before the model), not its plateau
+                self.store.set_settled(a.id, None)
             if s.settled_mib is None and u.used_mib and not self._ramping(a, s, now):
                 s.settled_mib = u.used_mib
                 self.store.set_settled(a.id, u.used_mib)

@@ -463,9 +463,14 @@ class Store:
             (peak_mib, attempt_id),
         )
 
-    def set_settled(self, attempt_id: int, mib: int) -> None:
-        """Record what an attempt held when it first stopped growing (kept if already set)."""
-        self.db.execute("INSERT OR IGNORE INTO settles (attempt_id, mib) VALUES (?, ?)", (attempt_id, mib))
+    def set_settled(self, attempt_id: int, mib: int | None) -> None:
+        """Record what an attempt held when it stopped growing (None: forget it, it was a pause)."""
+        if mib is None:
+            self.db.execute("DELETE FROM settles WHERE attempt_id = ?", (attempt_id,))
+        else:
+            self.db.execute(
+                "INSERT OR REPLACE INTO settles (attempt_id, mib) VALUES (?, ?)", (attempt_id, mib)
+            )
 
     def settled(self, attempt_id: int) -> int | None:
         row = self.db.execute("SELECT mib FROM settles WHERE attempt_id = ?", (attempt_id,)).fetchone()

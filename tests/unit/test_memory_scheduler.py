@@ -341,10 +341,26 @@ def test_a_settled_job_whose_peak_is_a_guess_keeps_room_for_what_jobs_grew_by_af
     assert fresh.tick().launched == [("S3/mrpc", 0, "A")]
 
 
-def test_a_pause_at_a_fraction_of_the_peak_is_not_learned_as_settling(tmp_path: Path) -> None:
+def test_a_pause_at_a_fraction_of_the_peak_is_not_taken_for_settling(tmp_path: Path) -> None:
     # the mrpc sat at 3 GiB for a minute (loading its data before its model, say), then went to
-    # 8.4 GiB: 2.8x is not a plateau before an evaluation, and would make every guess hold far too much
+    # 8.4 GiB: 2.8x is not a plateau before an evaluation, and would make every guess hold far too
+    # much; the 3 GiB is forgotten, and as the mrpc ended before it settled again, nothing is learned
     box = _night_until_boolq_settles(tmp_path, mrpc_settles=True, mrpc_first_gib=3)
-    assert box.store.settled(box.attempt("S1/mrpc").id) == 3 * GIB
+    assert box.store.settled(box.attempt("S1/mrpc").id) is None
     assert box.store.step_up(2.0) is None
     assert box.tick().launched == [("S3/mrpc", 0, "A")]
+
+
+def test_a_job_that_grew_past_a_pause_is_held_from_its_next_plateau(tmp_path: Path) -> None:
+    box = Box(tmp_path, GpuPlan(gpus=(0,), slots=(1,)), cards="1x24GiB")
+    box.submit(_one_job_suite(tmp_path, "S1", "boolq"))
+    box.tick()
+    box.run_on("S1/boolq", 0, {301: 0.5})  # its CUDA context, while it loads data
+    box.tick()
+    box.tick(61)
+    assert box.store.settled(box.attempt("S1/boolq").id) == GIB // 2
+    box.run_on("S1/boolq", 0, {301: 6})  # its model: the half GiB was a pause, not a plateau
+    box.tick()
+    assert box.store.settled(box.attempt("S1/boolq").id) is None
+    box.tick(61)
+    assert box.store.settled(box.attempt("S1/boolq").id) == 6 * GIB
