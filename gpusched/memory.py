@@ -151,7 +151,7 @@ class Holding:
     learned: bool  # the prediction comes from the job's or its task's own history
     used_mib: int | None  # measured now on its card (None: the probe cannot tell)
     ramping: bool  # launched, or last grew by more than GROWTH_MIB, within the ramp window
-    grows_to_mib: int | None = None  # what it held when it first settled, times the learned step-up
+    grows_to_mib: int | None = None  # what it held when it settled, times the learned step-up
 
 
 def reserved_mib(h: Holding) -> int:

@@ -575,7 +575,11 @@ class MemoryWatch:
             if s.settled_mib and u.used_mib > memory.MAX_STEP_UP * s.settled_mib:
                 s.settled_mib = None  # that was a pause (loading data before the model), not its plateau
                 self.store.set_settled(a.id, None)
-            if s.settled_mib is None and u.used_mib and not self._ramping(a, s, now):
+            if (
+                s.settled_mib is None
+                and u.used_mib
+                and not memory.is_ramping(now, a.launched_at, s.grew_at, self.ramp_s)
+            ):
                 s.settled_mib = u.used_mib
                 self.store.set_settled(a.id, u.used_mib)
         self.seen[a.id] = s
@@ -692,16 +696,13 @@ class MemoryWatch:
 
     def step_up(self) -> float | None:
         """How much jobs grow after settling, learned (a ratio: the most a successful
-        attempt's peak exceeded what it held when it first settled; see :data:`memory.MAX_STEP_UP`),
+        attempt's peak exceeded what it held when it settled; see :data:`memory.MAX_STEP_UP`),
         read from the store once and then kept up to date as attempts end. None until one has."""
         if not self._step_up_read:
             self._step_up_read = True
             stored = self.store.step_up(memory.MAX_STEP_UP)
             self._step_up = max(stored or 0.0, self._step_up or 0.0) or None
         return self._step_up
-
-    def _ramping(self, a: AttemptRow, s: _Seen, now: float) -> bool:
-        return memory.is_ramping(now, a.launched_at, s.grew_at, self.ramp_s)
 
     def host_wait(self, now: float) -> str | None:
         """Why launches wait for host RAM now (clearing a recovered host-OOM hold), or None."""
