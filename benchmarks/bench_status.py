@@ -128,17 +128,21 @@ def main(argv: list[str] | None = None) -> int:
         fill(sb, args.jobs, succeeded=args.jobs // 5, failed=args.jobs // 50, running=14)
         fill_s = time.perf_counter() - t0
         env = sb.env(GPUSCHED_FAKE_GPUS="16x24GiB", COLUMNS="160")
+        real = {k: v for k, v in env.items() if k != "GPUSCHED_FAKE_GPUS"}
         gs = [sys.executable, "-m", "gpusched"]
         commands: dict[str, tuple[list[str], dict[str, str]]] = {
             "python -c pass (floor)": ([sys.executable, "-c", "pass"], env),
             "gpusched --version": ([*gs, "--version"], env),
             "gpusched status --json": ([*gs, "status", "--json"], env),
             "gpusched status": ([*gs, "status"], env),
+            "gpusched status, NVML probe": ([*gs, "status"], real),
         }
         if args.before:  # PYTHONPATH comes before the installed (or editable) gpusched
             old = {**env, "PYTHONPATH": str(Path(args.before).resolve())}
             for label in ("gpusched --version", "gpusched status --json", "gpusched status"):
                 commands[f"{label} (before)"] = (commands[label][0], old)
+            real_old = {**real, "PYTHONPATH": old["PYTHONPATH"]}
+            commands["gpusched status, NVML probe (before)"] = (commands["gpusched status"][0], real_old)
         walls: dict[str, list[float]] = {label: [] for label in commands}
         cpus: dict[str, list[float]] = {label: [] for label in commands}
         outs: dict[str, str] = {}

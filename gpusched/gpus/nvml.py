@@ -5,8 +5,9 @@ This module is the one boundary where NVML errors become "unknown" (STYLE #9):
 
 - a failing field (one call on one device) reads as ``None`` (or no processes);
 - a failing whole read (device count, a device handle) is retried a few times within about
-  0.1 s, then gives an "unknown" snapshot: the GPUs seen last time with ``None`` values,
-  or ``[]`` when none was ever seen;
+  0.1 s (through tenacity, imported only then: a read that works, as nearly all do, does not
+  pay its ~15 ms of imports on every ``status``), then gives an "unknown" snapshot: the GPUs
+  seen last time with ``None`` values, or ``[]`` when none was ever seen;
 - no driver, no library, no GPU: ``[]`` and a one-line :meth:`NvmlProbe.notice`.
 """
 
@@ -16,8 +17,6 @@ import time
 from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Any
-
-from tenacity import Retrying, stop_after_attempt, wait_exponential
 
 from gpusched.model import GpuProcess, GpuState
 
@@ -115,15 +114,29 @@ class NvmlProbe:
         return pynvml
 
     def _read_with_retry(self, nvml: ModuleType) -> list[GpuState]:
+        try:
+            states = read_all(nvml, self._clock())
+        except Exception:
+            if self._attempts == 1:
+                raise
+            states = self._retry(nvml)
+        self._known = tuple(states)
+        self._problem = None if states else "the driver reports 0 GPUs"
+        return states
+
+    def _retry(self, nvml: ModuleType) -> list[GpuState]:
+        """The reads after a failed first one: waits of ``retry_wait_s``, then 2x, 4x... (at
+        most 0.2 s), ``attempts`` reads in all; the last one's error is raised."""
+        from tenacity import Retrying, stop_after_attempt, wait_exponential
+
+        self._sleep(min(self._retry_wait_s, 0.2))
         retrying = Retrying(
-            stop=stop_after_attempt(self._attempts),
-            wait=wait_exponential(multiplier=self._retry_wait_s, max=0.2),
+            stop=stop_after_attempt(self._attempts - 1),
+            wait=wait_exponential(multiplier=2 * self._retry_wait_s, max=0.2),
             sleep=self._sleep,
             reraise=True,
         )
-        states = retrying(read_all, nvml, self._clock())
-        self._known = tuple(states)
-        self._problem = None if states else "the driver reports 0 GPUs"
+        states: list[GpuState] = retrying(read_all, nvml, self._clock())
         return states
 
     def _unknown_snapshot(self) -> list[GpuState]:
