@@ -111,6 +111,41 @@ def floor(backend: str) -> Callable[[int, int], float]:
     return run
 
 
+def tmux_alone(n: int, slots: int) -> float:
+    """A tmux window per job and nothing else: ``new-window 'true; echo >FIFO'``, a tick's
+    windows in one tmux exec, at most ``slots`` open, refilled on the FIFO's pokes (one byte a
+    job). No attempt directory, no wrapper, no log, no scheduler; each window closes when its
+    job ends. What any tool that gives each job a tmux pane pays on this machine: the floor
+    under gpusched's tmux row."""
+    import select
+
+    with sandbox() as sb:
+        wake = str(sb.root / "wake")
+        os.mkfifo(wake)
+        fd = os.open(wake, os.O_RDWR | os.O_NONBLOCK)
+        tm = ["tmux", "-S", str(sb.root / "tmux.sock"), "-f", "/dev/null"]
+        env = {k: v for k, v in os.environ.items() if k != "TMUX"}
+        subprocess.run([*tm, "new-session", "-d", "-s", "b", "sleep 3600"], env=env, check=True)
+        try:
+            t0 = time.time()
+            started = ended = 0
+            while ended < n:
+                k = min(slots - (started - ended), n - started)
+                if k:
+                    argv = list(tm)
+                    for _ in range(k):
+                        argv += ["new-window", "-d", "-t", "b:", f"true; echo >{wake}", ";"]
+                    subprocess.run(argv[:-1], env=env, check=True, capture_output=True)
+                    started += k
+                if select.select([fd], [], [], 1.0)[0]:
+                    with contextlib.suppress(BlockingIOError):
+                        ended += len(os.read(fd, 65536))
+            return time.time() - t0
+        finally:
+            os.close(fd)
+            subprocess.run([*tm, "kill-server"], env=env, capture_output=True, check=False)
+
+
 def _tsp_binary() -> str | None:
     for name in ("tsp", "ts"):
         path = shutil.which(name)
@@ -169,6 +204,7 @@ TOOLS: dict[str, tuple[Callable[[int, int], float], Callable[[], bool]]] = {
         floor("tmux"),
         lambda: bool(shutil.which("tmux")),
     ),
+    "floor: a tmux window per job, nothing else": (tmux_alone, lambda: bool(shutil.which("tmux"))),
     "task-spooler (tsp -S 16)": (tsp, lambda: _tsp_binary() is not None),
     "GNU parallel -j16": (parallel, lambda: bool(shutil.which("parallel"))),
     "simple-gpu-scheduler": (simple_gpu_scheduler, lambda: _has_module("simple_gpu_scheduler")),
