@@ -6,7 +6,8 @@ a 24 GiB "card" with torch.cuda.set_per_process_memory_fraction (train_glue's
     python benchmarks/gpu_oom_ladder.py [--jobs 4] [--card-gib 24] [--gpu-plan 2]
 
 Needs a machine with an NVIDIA GPU, torch with CUDA, and this project installed
-(``pip install -e .``). Uses a private GPUSCHED_HOME; never touches your queue.
+(``pip install -e .``). Uses a private GPUSCHED_HOME; never touches your queue. On a machine
+without a GPU: one line, exit 2.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -79,6 +81,11 @@ def main() -> int:
     )
     env = {**os.environ, "GPUSCHED_HOME": str(work / "home")}
     env.pop("GPUSCHED_FAKE_GPUS", None)
+    probe = json.loads(cli("gpus", "--json", env=env, cwd=work).stdout)
+    if not probe["gpus"]:
+        print(f"gpu_oom_ladder: no GPU to test on ({probe['notice']})")
+        shutil.rmtree(work)
+        return 2
     t0 = time.time()
     r = cli(
         "submit",

@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -95,6 +96,7 @@ def main() -> int:
     print("$ gpusched gpus\n" + gpusched("gpus", env=env, cwd=work))
     if not probe["gpus"]:
         print(f"gpu_outsider: no GPU to test on ({probe['notice']})")
+        shutil.rmtree(work)
         return 2
     gpu0 = probe["gpus"][0]
     usable_gib = (gpu0["free_mib"] - 0.1 * gpu0["total_mib"]) / 1024  # under the default 10 % headroom
