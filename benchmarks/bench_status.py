@@ -6,10 +6,12 @@ commands taking turns).
 
 The store is filled in-process (``Store.submit`` of one suite, then attempts through the
 store's own transitions): most jobs queued, some succeeded, some failed (with an attempt
-each), 14 running. No daemon runs; the probe is 16 fake GPUs. ``python -c pass`` and
-``gpusched --version`` are timed too, as the floor any command pays. Besides wall time, the
-table gives the command's own CPU time (user + system), steadier on a shared machine;
-``--instructions`` adds each command's instruction count under valgrind's callgrind (one more
+each), 14 running. No daemon runs; the probe is 16 fake GPUs, but for one more row of the
+plain ``status`` with the real NVML probe (what a user's command loads; on a machine without
+a GPU it finds no driver and says so). ``--fields id,state`` is the JSON a script that needs
+only those keys asks for. ``python -c pass`` and ``gpusched --version`` are timed too, as the
+floor any command pays. Besides wall time, the table gives the command's own CPU time (user +
+system), steadier on a shared machine; ``--instructions`` adds each command's instruction count under valgrind's callgrind (one more
 run each, ~50x slower, with a fixed hash seed): the same from run to run within ~1 %, however
 busy the machine, so a change of a few percent shows.
 """
@@ -134,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             "python -c pass (floor)": ([sys.executable, "-c", "pass"], env),
             "gpusched --version": ([*gs, "--version"], env),
             "gpusched status --json": ([*gs, "status", "--json"], env),
+            "gpusched status --fields id,state": ([*gs, "status", "--fields", "id,state"], env),
             "gpusched status": ([*gs, "status"], env),
             "gpusched status, NVML probe": ([*gs, "status"], real),
         }

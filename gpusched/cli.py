@@ -115,6 +115,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         s = sub.add_parser("status", help="GPUs and jobs at a glance")
         s.add_argument("--suite")
         s.add_argument("--json", action="store_true", help="machine-readable, stable keys")
+        s.add_argument(
+            "--fields",
+            metavar="KEY,...",
+            help="JSON with only these keys in each job entry (implies --json), e.g. id,state,peak_mib",
+        )
         s.add_argument("--watch", action="store_true", help="live dashboard until Ctrl-C")
         s.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
         s.set_defaults(func=cmd_status)
@@ -379,12 +384,13 @@ def _daemon_probe_spec(info: dict[str, Any] | None) -> str | None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    fields = _entry_fields(args.fields) if args.fields is not None else None
     store = _store(readonly=True)
-    if args.json:
+    if args.json or fields is not None:
         from gpusched.views import status
 
         gpus, kwargs = _status_sources(args)
-        print(status(store, gpus, **kwargs).text())
+        print(status(store, gpus, fields=fields, **kwargs).text())
         return 0
     from gpusched.views import MAX_TABLE_JOBS, format_status
 
@@ -399,6 +405,21 @@ def cmd_status(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         time.sleep(args.interval)
         width, _ = _terminal()
+
+
+def _entry_fields(text: str) -> list[str]:
+    """``--fields id,state``: job entry keys, each known, in the order given."""
+    from gpusched.errors import did_you_mean
+    from gpusched.status_rows import ENTRY_FIELDS
+
+    fields = [f.strip() for f in text.split(",") if f.strip()]
+    if not fields:
+        raise UsageError(f"status --fields: no key given; the keys are {', '.join(ENTRY_FIELDS)}")
+    for f in fields:
+        if f not in ENTRY_FIELDS:
+            hint = did_you_mean(f, ENTRY_FIELDS) or f"; the keys are {', '.join(ENTRY_FIELDS)}"
+            raise UsageError(f"status --fields: no job key '{f}'{hint}")
+    return list(dict.fromkeys(fields))  # a key given twice is shown once
 
 
 def _terminal() -> tuple[int, bool]:

@@ -67,31 +67,38 @@ def status(
     host: memory.HostMemory | None = None,
     table_rows: int | None = None,
     running: RunningHook | None = None,
+    fields: Sequence[str] | None = None,
 ) -> Status:
     """The whole status. ``jobs`` lists every job in submission order, or with ``table_rows``
     only that many, the ones the table shows first (running, failed, queued, cancelled,
     succeeded; at most ``table_rows`` read per state): then the cost does not grow with the
     store. ``trees`` and ``host`` replace the real process table and host RAM (tests);
     ``running`` completes the entries of running jobs (the CLI adds the Slurm state of Slurm
-    attempts)."""
+    attempts). ``fields`` (keys of :data:`status_rows.ENTRY_FIELDS`, valid ones) narrows each
+    job entry to those keys, in that order; without a prediction among them, queued jobs'
+    predictions are not made at all."""
     now = time.time() if now is None else now
     suites = {s.name: s for s in store.suites()}
     tier_names = {name: [t.name for t in s.suite.tiers] for name, s in suites.items()}
-    rows: list[tuple[str, str]] = []
+    keys = tuple(status_rows.ENTRY_FIELDS) if fields is None else tuple(fields)
+    predict = bool(status_rows.PREDICTION_FIELDS.intersection(keys))
+    rows: list[tuple[str, str | None, str]] = []
     for state in (None,) if table_rows is None else TABLE_ORDER:
         limit = None if table_rows is None else table_rows - len(rows)
         if limit == 0:
             break
-        kinds = status_rows.queued_kinds(store, suite=suite, limit=limit) if state in (None, "queued") else {}
-        predictions = queued_predictions(store, kinds, suites, gpus)
+        kinds = {}
+        if predict and state in (None, "queued"):
+            kinds = status_rows.queued_kinds(store, suite=suite, limit=limit)
         rows += status_rows.job_entries(
             store,
             now=now,
             tier_names=tier_names,
-            predictions=predictions,
+            predictions=queued_predictions(store, kinds, suites, gpus),
             suite=suite,
             state=state,
             limit=limit,
+            fields=keys,
         )
     live = store.live_attempts()
     running_on = Counter(a.gpu for a in live if a.gpu is not None)
@@ -132,14 +139,28 @@ def status(
         "host": host_doc(store, host, now=now),
         "gpus": gdocs,
     }
-    return Status(head, _complete_running(rows, running))
+    if fields is not None and any(state == "running" for state, _, _ in rows):
+        # a running job's entry is completed from keys that may not be among ``fields``
+        full = status_rows.job_entries(
+            store, now=now, tier_names=tier_names, predictions={}, suite=suite, state="running"
+        )
+        done = dict(zip((job_id for _, job_id, _ in full), _complete_running(full, running), strict=True))
+        entries = [
+            json.dumps({k: json.loads(done[job_id])[k] for k in keys})
+            if state == "running" and job_id in done  # (one that ended in between keeps its row)
+            else entry
+            for state, job_id, entry in rows
+        ]
+    else:
+        entries = _complete_running(rows, running)
+    return Status(head, entries)
 
 
-def _complete_running(rows: list[tuple[str, str]], running: RunningHook | None) -> list[str]:
-    """The entries, those of running jobs (parsed, completed, written again) given the last
-    line of their log, and what ``running`` adds."""
-    entries = [entry for _, entry in rows]
-    at = [i for i, (state, _) in enumerate(rows) if state == "running"]
+def _complete_running(rows: list[tuple[str, str | None, str]], running: RunningHook | None) -> list[str]:
+    """The entries (every key), those of running jobs (parsed, completed, written again)
+    given the last line of their log, and what ``running`` adds."""
+    entries = [entry for _, _, entry in rows]
+    at = [i for i, (state, _, _) in enumerate(rows) if state == "running"]
     docs = [json.loads(entries[i]) for i in at]
     for d in docs:
         if d["log"] is not None:

@@ -106,6 +106,71 @@ def test_status_json_is_the_status_document_as_text(tmp_path: Path) -> None:
     assert all(j["last_line"] is None for j in doc["jobs"] if j["state"] != "running")
 
 
+def test_a_tier_past_the_suites_last_shows_the_last_ones_name(tmp_path: Path) -> None:
+    """A job whose tier index is past its suite's tiers (a plan re-submitted with fewer)
+    shows the last tier's name and its own index."""
+    box = busy_box(tmp_path)
+    with box.store.tx():
+        box.store.db.execute("UPDATE jobs SET tier = 9 WHERE id = 'E1/3-rte'")
+    job = next(j for j in box.status()["jobs"] if j["id"] == "E1/3-rte")
+    assert (job["tier"], job["tier_index"], job["tiers"]) == (TIERS[-1].name, 9, len(TIERS))
+
+
+FIELD_SETS = [
+    ("id", "state"),
+    ("state", "id", "last_line", "runtime_s"),  # a running job's entry is completed, then narrowed
+    ("predicted_mib", "prediction_source", "start_tier", "id"),
+    ("tier", "tiers", "slurm", "reason"),
+    tuple(reversed(JOB_KEYS)),
+]
+
+
+@pytest.mark.parametrize("fields", FIELD_SETS, ids=[",".join(f[:4]) for f in FIELD_SETS])
+def test_fields_narrow_each_entry_to_those_keys_of_the_full_one(
+    tmp_path: Path, fields: tuple[str, ...]
+) -> None:
+    """``status --fields``: each job entry has the keys asked for, in that order, with the
+    values the full entry has (predictions, a running job's last line and runtime included);
+    the rest of the document is the same."""
+    box = busy_box(tmp_path)
+    (Path(box.attempt("E1/0-rte").dir) / "output.log").write_text("step 4/9 loss 0.5\n")
+    args = {"daemon": None, "now": box.now, "trees": box._trees, "host": box.host}
+    full = json.loads(status(box.store, box.probe.snapshot(), **args).text())  # type: ignore[arg-type]
+    narrow = json.loads(status(box.store, box.probe.snapshot(), fields=fields, **args).text())  # type: ignore[arg-type]
+    assert [list(j) for j in narrow["jobs"]] == [list(fields)] * len(full["jobs"])
+    assert narrow["jobs"] == [{k: j[k] for k in fields} for j in full["jobs"]]
+    assert {k: v for k, v in narrow.items() if k != "jobs"} == {k: v for k, v in full.items() if k != "jobs"}
+    running = next(j for j in full["jobs"] if j["state"] == "running")
+    assert running["last_line"] == "step 4/9 loss 0.5" and running["runtime_s"] is not None
+    assert any(j["predicted_mib"] for j in full["jobs"] if j["state"] == "queued")
+
+
+def test_fields_on_the_command_line(tmp_path: Path) -> None:
+    """``--fields`` implies ``--json``; a key that is no job key is one line naming the
+    likely one (or all of them), exit 2."""
+    box = busy_box(tmp_path)
+    box.store.close()
+    (tmp_path / "home").mkdir()
+    (tmp_path / "gs.db").rename(tmp_path / "home" / "gpusched.db")
+    env = {k: v for k, v in os.environ.items() if k != "GPUSCHED_FAKE_GPUS"}
+    env.update(GPUSCHED_HOME=str(tmp_path / "home"), GPUSCHED_FAKE_GPUS="3x24GiB")
+
+    def gs(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "gpusched", "status", *args]
+        return subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+    ok = gs("--fields", "id, state,id")
+    assert ok.returncode == 0, ok.stderr
+    assert {tuple(j) for j in json.loads(ok.stdout)["jobs"]} == {("id", "state")}
+    for bad, needle in (
+        ("id,stat", "no job key 'stat' (did you mean 'state'?)"),
+        ("zzz", "the keys are id, suite"),
+    ):
+        r = gs("--fields", bad)
+        assert r.returncode == 2 and r.stdout == "" and needle in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
 def test_a_slurm_attempt_shows_its_slurm_job_and_running_ones_what_the_cli_adds(tmp_path: Path) -> None:
     from gpusched.model import Classification, ExitRecord, Outcome, Step, StepKind
     from gpusched.store import NewAttempt, Store
@@ -294,8 +359,9 @@ def test_an_sqlite_without_json_functions_is_one_clear_error(
     from gpusched.views import status
 
     box = busy_box(tmp_path)
+    entry = status_rows._entry
     monkeypatch.setattr(
-        status_rows, "_ENTRY", status_rows._ENTRY.replace("json_object(", "json_object_x(", 1)
+        status_rows, "_entry", lambda fields: entry(fields).replace("json_object(", "json_object_x(", 1)
     )
     with pytest.raises(StoreError, match=r"JSON functions.*no such function: json_object_x.*SQLite 3\.38"):
         status(box.store, [], daemon=None)
