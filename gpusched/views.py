@@ -144,10 +144,13 @@ def status(
         full = status_rows.job_entries(
             store, now=now, tier_names=tier_names, predictions={}, suite=suite, state="running"
         )
-        done = dict(zip((job_id for _, job_id, _ in full), _complete_running(full, running), strict=True))
+        narrowed = {
+            job_id: json.dumps({k: d[k] for k in keys})
+            for (_, job_id, _), d in zip(full, map(json.loads, _complete_running(full, running)), strict=True)
+        }
         entries = [
-            json.dumps({k: json.loads(done[job_id])[k] for k in keys})
-            if state == "running" and job_id in done  # (one that ended in between keeps its row)
+            narrowed[job_id]
+            if state == "running" and job_id in narrowed  # (one that ended in between keeps its row)
             else entry
             for state, job_id, entry in rows
         ]
