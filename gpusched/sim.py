@@ -24,6 +24,12 @@ A trace gives each job, per tier, its peak memory, duration and ramp-up time; ev
 draws noise around them. Policies other than gpusched's own are the baselines of
 ``benchmarks/placement.py``; they run through the same scheduler with placement swapped
 (:data:`POLICIES`).
+
+A night may be measured with history in the store (``Simulation.prior_nights``): the same
+trace first runs that many times, each night a suite of its own run to completion with noise
+of its own, and the measured night is submitted when the last of them ends. Its result is
+about it alone, on a clock that starts at its submit. A first night (the default) starts with
+every peak and run time unknown; a later one with what the earlier nights taught.
 """
 
 from __future__ import annotations
@@ -421,28 +427,34 @@ class Simulation:
     seed: int = 0
     dt_s: float = 5.0
     heartbeat_s: float = 30.0
-    max_s: float = 30 * 86400.0
+    max_s: float = 30 * 86400.0  # of one night
     settings: Settings | None = None
-    events: list[str] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)  # every night's (job ids name their suite)
+    #: the same trace runs this many times first, in the same store and under the same daemon,
+    #: each night a suite of its own (``<suite>-prior-1``, ...) run to completion with noise
+    #: seeded apart; the measured night is submitted as the last of them ends. Every figure of
+    #: the result (makespan, OOMs, memory use, the report) is of the measured night alone, on a
+    #: clock that starts at its submit; an OOM counts as after learning if any night had a job
+    #: of its task finish at its tier.
+    prior_nights: int = 0
 
-    def run(self) -> SimResult:
+    def run(self, workdir: Path | None = None) -> SimResult:
+        """Simulate in ``workdir`` (its store, ``sim.db``, is left there to read), else in a
+        temporary directory."""
+        if workdir is not None:
+            return self._run(workdir)
         with tempfile.TemporaryDirectory(prefix="gpusched-sim-") as tmp:
             return self._run(Path(tmp))
 
     # ------------------------------------------------------------------ setup
 
     def _run(self, tmp: Path) -> SimResult:
-        self.rng = random.Random(self.seed)
         self.now = 0.0
         self.runs: dict[str, _Run] = {}
         self.gone: list[_Gone] = []
-        self.ooms: list[OomEvent] = []
-        self.outsider_ooms = 0
-        self.dead_outsiders: set[int] = set()
         self.outsider_set: frozenset[int] | None = None
         self.adopted = 0  # launch requests turned into runs
-        self.learned: set[tuple[str, int]] = set()  # (task, tier) that some job finished
-        self.mem_integral = 0.0
+        self.learned: set[tuple[str, int]] = set()  # (task, tier) that some job finished, any night
         self.next_pid = 40000
         self.outsiders = [replace(o, pid=o.pid or 90000 + i) for i, o in enumerate(self.trace.outsiders)]
         self.profiles = {j.name: j for j in self.trace.jobs}
@@ -460,15 +472,33 @@ class Simulation:
             host_memory=lambda: HostMemory(available_mib=200 * MIB_PER_GIB, total_mib=251 * MIB_PER_GIB),
             assign=self.policy.assign,
         )
-        self.store.submit(suite, self.plan, backend="fake", cwd=str(tmp), env_path=None, now=0.0)
         try:
-            result = self._loop()
+            for k in range(1, self.prior_nights + 1):
+                prior = self._suite(tmp, name=f"{suite.name}-prior-{k}")
+                if not self._night(prior, tmp, random.Random(f"{self.seed}/prior-night/{k}")):
+                    raise RuntimeError(f"{prior.name}: not done after {self.max_s:.0f} s")
+            finished = self._night(suite, tmp, random.Random(self.seed))
+            result = self._result(suite.name, finished=finished)
             # the same report (and timeline) as `gpusched report` gives for a real night
             return replace(result, report=report.from_store(self.store, suite.name, now=self.now))
         finally:
             self.store.close()
 
-    def _suite(self, tmp: Path) -> Suite:
+    def _night(self, suite: Suite, tmp: Path, rng: random.Random) -> bool:
+        """Submit ``suite`` now and run until it is done (True) or ``max_s`` has passed. What
+        the result counts starts afresh: OOMs, memory use, outsiders (they come and go on the
+        night's own clock)."""
+        self.rng = rng
+        self.night = suite.name
+        self.start_s = self.now
+        self.ooms: list[OomEvent] = []
+        self.outsider_ooms = 0
+        self.dead_outsiders: set[int] = set()
+        self.mem_integral = 0.0
+        self.store.submit(suite, self.plan, backend="fake", cwd=str(tmp), env_path=None, now=self.now)
+        return self._loop()
+
+    def _suite(self, tmp: Path, name: str | None = None) -> Suite:
         from gpusched.tiers import DEFAULT_ENV, default_tiers
 
         base = self.suite or Suite(
@@ -481,8 +511,11 @@ class Simulation:
             env=dict(DEFAULT_ENV),
             tiers=default_tiers(),
         )
-        jobs = tuple(JobSpec(suite=base.name, name=j.name, task=j.task) for j in self.trace.jobs)
-        return replace(base, workdir=str(tmp), logs_dir=str(tmp / "logs" / base.name), jobs=jobs, resume=None)
+        name = name or base.name
+        jobs = tuple(JobSpec(suite=name, name=j.name, task=j.task) for j in self.trace.jobs)
+        return replace(
+            base, name=name, workdir=str(tmp), logs_dir=str(tmp / "logs" / name), jobs=jobs, resume=None
+        )
 
     def _settings(self) -> Settings:
         s = self.settings or Settings()
@@ -492,18 +525,19 @@ class Simulation:
 
     # ------------------------------------------------------------------ the loop
 
-    def _loop(self) -> SimResult:
-        next_beat = 0.0
+    def _loop(self) -> bool:
+        """Tick until the night is done (True) or ``max_s`` has passed."""
+        next_beat = self.now
         self._tick()
-        while self.now < self.max_s:
+        while self.now - self.start_s < self.max_s:
             self.now += self.dt_s
             changed = self._advance()
             if changed or self.now >= next_beat:
                 next_beat = self.now + self.heartbeat_s
                 self._tick()
                 if not self.runs and self._all_done():
-                    return self._result(finished=True)
-        return self._result(finished=False)
+                    return True
+        return False
 
     def _tick(self) -> None:
         snap = self.probe.snapshot()
@@ -513,7 +547,7 @@ class Simulation:
         self._adopt_launches()
 
     def _all_done(self) -> bool:
-        c = self.store.counts()
+        c = self.store.counts(suite=self.night)
         return c["queued"] == 0 and c["running"] == 0
 
     def _adopt_launches(self) -> None:
@@ -567,7 +601,9 @@ class Simulation:
 
     def _active_outsiders(self) -> list[Outsider]:
         return [
-            o for o in self.outsiders if o.start_s <= self.now < o.end_s and o.pid not in self.dead_outsiders
+            o
+            for o in self.outsiders
+            if o.start_s <= self.now - self.start_s < o.end_s and o.pid not in self.dead_outsiders
         ]
 
     def _outsiders_changed(self) -> bool:
@@ -622,7 +658,7 @@ class Simulation:
         )
         self.ooms.append(
             OomEvent(
-                at_s=self.now,
+                at_s=self.now - self.start_s,
                 job_id=run.job_id,
                 tier="ABCDEFGH"[run.tier],
                 gpu=run.gpu,
@@ -681,28 +717,33 @@ class Simulation:
 
     # ------------------------------------------------------------------ result
 
-    def _result(self, *, finished: bool) -> SimResult:
-        counts = self.store.counts()
-        rows = self.store.db.execute("SELECT tier_name, outcome FROM attempts").fetchall()
+    def _result(self, suite: str, *, finished: bool) -> SimResult:
+        counts = self.store.counts(suite=suite)
+        rows = self.store.db.execute(
+            "SELECT a.tier_name, a.outcome FROM attempts a JOIN jobs j ON j.id = a.job_id"
+            " WHERE j.suite = ? ORDER BY a.id",
+            (suite,),
+        ).fetchall()
         tiers: dict[str, int] = {}
         for r in rows:
             if r["outcome"] == "ok":
                 tiers[r["tier_name"]] = tiers.get(r["tier_name"], 0) + 1
         total_mem = sum(self.totals_mib[g] for g in range(len(self.totals_mib)))
+        makespan = self.now - self.start_s
         return SimResult(
             policy=self.policy.name,
             label=self.policy.label,
             jobs=len(self.trace.jobs),
             gpus=len(self.plan.gpus),
             slots=self.plan.total_slots,
-            makespan_s=self.now,
+            makespan_s=makespan,
             lower_bound_s=lower_bound_s(self.trace, self.plan, self.totals_mib),
             succeeded=counts["succeeded"],
             failed=counts["failed"],
             attempts=len(rows),
             ooms=tuple(self.ooms),
             gpu_hours_lost=sum(o.lost_s for o in self.ooms) / 3600,
-            mem_util=self.mem_integral / (total_mem * self.now) if self.now and total_mem else 0.0,
+            mem_util=self.mem_integral / (total_mem * makespan) if makespan and total_mem else 0.0,
             tiers=tiers,
             outsider_ooms=self.outsider_ooms,
             finished=finished,
@@ -779,8 +820,10 @@ def simulate(
     suite: Suite | None = None,
     seed: int = 0,
     settings: Settings | None = None,
+    prior_nights: int = 0,
 ) -> SimResult:
-    """Run ``trace`` on cards of ``totals_mib`` (index = GPU) under ``plan`` with one policy."""
+    """Run ``trace`` on cards of ``totals_mib`` (index = GPU) under ``plan`` with one policy;
+    with ``prior_nights``, measure it after that many nights of it (``Simulation.prior_nights``)."""
     return Simulation(
         trace=trace,
         plan=plan,
@@ -789,4 +832,5 @@ def simulate(
         suite=suite,
         seed=seed,
         settings=settings,
+        prior_nights=prior_nights,
     ).run()

@@ -51,6 +51,57 @@ def test_a_simulation_is_deterministic_for_a_seed(results: dict[str, sim.SimResu
     assert again.as_dict() == results["gpusched"].as_dict()
 
 
+def _first_attempts(db: Path, suite: str) -> dict[str, str | None]:
+    """job id -> the prediction source its first attempt was placed with, for one suite's jobs."""
+    from gpusched.store import Store
+
+    store = Store(db)
+    try:
+        rows = store.db.execute(
+            "SELECT a.job_id, a.prediction_source FROM attempts a JOIN jobs j ON j.id = a.job_id"
+            " WHERE j.suite = ? AND a.n = 1",
+            (suite,),
+        ).fetchall()
+        return {r["job_id"]: r["prediction_source"] for r in rows}
+    finally:
+        store.close()
+
+
+def test_a_second_night_starts_with_every_peak_learned_from_the_first(tmp_path: Path) -> None:
+    def night(prior: int, workdir: Path) -> sim.SimResult:
+        workdir.mkdir()
+        policy = sim.policies(PLAN)["gpusched"]
+        return sim.Simulation(
+            trace=small_trace(), plan=PLAN, totals_mib=CARDS, policy=policy, seed=3, prior_nights=prior
+        ).run(workdir)
+
+    first, second = night(0, tmp_path / "first"), night(1, tmp_path / "second")
+    cold = _first_attempts(tmp_path / "first" / "sim.db", "sim")
+    assert "default" in cold.values()  # the first night guesses before it learns
+    warm = _first_attempts(tmp_path / "second" / "sim.db", "sim")
+    assert len(warm) == 15 and set(warm.values()) <= {"job", "task", "ladder"}  # from the store's history
+    assert len(_first_attempts(tmp_path / "second" / "sim.db", "sim-prior-1")) == 15  # the earlier night
+    assert first.oom_count >= 1 and second.oom_count == 0  # its task was learned: no crash
+    assert second.finished and (second.jobs, second.succeeded, second.failed) == (15, 15, 0)
+
+
+def test_a_second_night_s_result_counts_that_night_alone() -> None:
+    trace = small_trace()
+    first = sim.simulate(trace, PLAN, CARDS, policy="gpusched", seed=3)
+    second = sim.simulate(trace, PLAN, CARDS, policy="gpusched", seed=3, prior_nights=1)
+    assert second.attempts == 15 and second.succeeded == 15  # not the 30+ attempts of two nights
+    assert second.lower_bound_s == first.lower_bound_s
+    # its clock starts at its own submit: about one night long, not two
+    assert 0.8 * first.makespan_s < second.makespan_s < 1.3 * first.makespan_s
+    rep = second.report
+    assert {j.id.split("/")[0] for j in rep.jobs} == {"sim"} and len(rep.jobs) == 15
+    assert rep.wall_s == pytest.approx(second.makespan_s)
+    assert rep.start >= first.makespan_s * 0.8  # after the earlier night, on the same clock
+    assert 0.3 < second.mem_util < 1.0
+    again = sim.simulate(trace, PLAN, CARDS, policy="gpusched", seed=3, prior_nights=1)
+    assert again.as_dict() == second.as_dict()  # deterministic too
+
+
 def test_the_simulated_oom_is_a_real_oom_to_classify() -> None:
     tail = sim.oom_log(24 * GIB, 20, 512, 11 * GIB, [(40001, 12 * GIB)])
     c = outcome.classify(ExitRecord(exit_code=1), tail, cancel_requested=False)
