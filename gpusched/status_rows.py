@@ -52,7 +52,8 @@ ENTRY_FIELDS: dict[str, str] = {
     "predicted_mib": "CASE WHEN p.kind IS NULL THEN a.predicted_mib ELSE p.mib END",
     "prediction_source": "CASE WHEN p.kind IS NULL THEN a.prediction_source ELSE p.source END",
     "peak_mib": "a.peak_mib",
-    "cancel_requested": "json(CASE WHEN j.cancel_requested THEN 'true' ELSE 'false' END)",
+    # json('true') is a constant SQLite computes once per query, not a parse per job
+    "cancel_requested": "CASE WHEN j.cancel_requested THEN json('true') ELSE json('false') END",
     "backend_handle": "json(a.handle)",
     "tiers": "coalesce(t.n, 1)",
     "start_tier": "p.start_tier",

@@ -63,8 +63,10 @@ def busy_box(tmp_path: Path) -> Box:
 
 def test_each_job_is_its_record_and_its_newest_attempt(tmp_path: Path) -> None:
     box = busy_box(tmp_path)
+    box.store.request_cancel(["E1/0-rte"])  # running: asked to stop, not stopped yet
     docs = {d["id"]: d for d in box.status()["jobs"]}
     jobs = box.store.jobs()
+    assert [j.id for j in jobs if j.cancel_requested] == ["E1/0-rte"]
     assert list(docs) == [j.id for j in jobs]  # submission order
     for job in jobs:
         d = docs[job.id]
