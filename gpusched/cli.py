@@ -188,8 +188,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             "--trace",
             help='JSON/YAML: {"jobs": [{"name", "task", "peak_mib", "duration_s",'
             ' "ramp_s"} or with "tiers": [{"peak_mib", "duration_s", "ramp_s"}, ...]], "outsiders":'
-            ' [{"gpu", "mib", "start_s", "end_s"}], "noise": 0.03} (default: a synthetic trace'
-            " of the suite jobs)",
+            ' [{"gpu", "mib", "start_s", "end_s"}], "noise": 0.03} (default: each task\'s peaks and'
+            " run times as this queue measured them, made up for tasks with no finished run)",
+        )
+        s.add_argument(
+            "--made-up", action="store_true", help="made-up figures for every task, even measured ones"
+        )
+        s.add_argument(
+            "--trace-out", help="also write the trace replayed (JSON: edit it, give it to --trace)"
         )
         s.add_argument("--policy", default="gpusched", help="gpusched (default), slots, ts, static, or all")
         s.add_argument("--seed", type=int, default=0, help="noise of the runs (and of the synthetic trace)")

@@ -71,7 +71,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     names = sim.POLICIES if args.policy == "all" else (args.policy,)
     if any(n not in sim.POLICIES for n in names):
         raise UsageError(f"--policy {args.policy}: use one of {', '.join(sim.POLICIES)}, or all")
-    trace = _trace(args, suite, sim)
+    trace, figures = _trace(args, suite, sim, list(totals))
+    if args.trace_out:
+        try:
+            Path(args.trace_out).write_text(sim.trace_to_json(trace) + "\n")
+        except OSError as e:
+            raise UsageError(f"--trace-out {args.trace_out}: cannot write it ({e.strerror})") from e
     if args.plot:
         from gpusched import plot
 
@@ -87,21 +92,45 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         f"{suite.name}: {first.jobs} jobs on {len(totals)} simulated GPUs, plan {gplan.as_text()}; "
         f"lower bound {first.lower_bound_s / 3600:.2f} h"
     )
+    if figures:
+        print(figures)
     print(sim.format_table(results))
     return 0
 
 
-def _trace(args: argparse.Namespace, suite: Suite, sim: Any) -> Any:
+def _trace(args: argparse.Namespace, suite: Suite, sim: Any, totals: list[int]) -> tuple[Any, str | None]:
+    """The trace to replay and, without ``--trace``, where its figures came from (one line)."""
     if not args.trace:
-        jobs = [(j.name, j.task) for j in suite.jobs]
-        return sim.synthetic_trace(jobs, seed=args.seed, tiers=len(suite.tiers))
+        from gpusched import memwatch, whatif
+        from gpusched.home import Home
+
+        peaks: dict[str, Any] = {}
+        runs: dict[str, Any] = {}
+        db = Home.from_env().db  # read if there, never created: a what-if leaves no queue behind
+        if not args.made_up and db.exists():
+            from gpusched.store import Store
+
+            store = Store(db, readonly=True)
+            try:
+                peaks, runs = memwatch.records(store, [j.task for j in suite.jobs])
+            finally:
+                store.close()
+        from gpusched.placement import DEFAULT_HEADROOM_FRAC
+
+        jobs = [(j.id, j.name, j.task) for j in suite.jobs]
+        card = min(totals)  # a job placed alone on an empty card is placed with its usable memory
+        whole = int(card * (1 - DEFAULT_HEADROOM_FRAC)) - memwatch.CARD_ALLOWANCE_MIB
+        made = whatif.trace_from_history(
+            jobs, len(suite.tiers), peaks, runs, seed=args.seed, card_mib=max(totals), whole_mib=whole
+        )
+        return made.trace, made.summary()
     try:
         trace = sim.load_trace(args.trace)
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
         raise UsageError(f"--trace {args.trace}: not a trace ({e}); see `gpusched simulate --help`") from e
     if not trace.jobs:
         raise UsageError(f"--trace {args.trace}: no jobs; give a list under 'jobs:'")
-    return trace
+    return trace, None
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:

@@ -198,3 +198,34 @@ def test_report_with_no_suite_yet(tmp_path: Path) -> None:
     env = {"GPUSCHED_HOME": str(tmp_path / "empty")}
     r = run_cli("report", cwd=tmp_path, env={**env, "PATH": os.environ["PATH"]})
     assert r.returncode == 2 and "no suite" in r.stderr
+
+
+def test_simulate_replays_the_night_with_the_figures_it_measured(night: Night, tmp_path: Path) -> None:
+    """After a night, `simulate` (no --trace) replays each job with what the queue measured:
+    sst2's peaks and run times, big's tier C where it ran and, at tiers A and B where it only
+    OOMed, at least what the OOMs saw; `broken` never finished, so its figures are made up."""
+    out = tmp_path / "night.json"
+    r = night.cli("simulate", "--suite", "t", "--gpu-plan", "2,1", "--trace-out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert (
+        "figures: measured for 2 task(s), from 3 finished run(s) in this queue; made up for broken"
+        in r.stdout
+    )
+    trace = {j["name"]: j["tiers"] for j in json.loads(out.read_text())["jobs"]}
+    store = Store(night.home / "gpusched.db", readonly=True)
+    try:
+        for name in ("1-sst2", "2-sst2", "big"):
+            for a in store.attempts(f"t/{name}"):
+                if a.outcome == "ok":
+                    assert trace[name][a.tier]["peak_mib"] == a.peak_mib
+                    assert trace[name][a.tier]["duration_s"] == pytest.approx(a.ended_at - a.started_at)
+                elif a.outcome == "oom" and a.peak_mib:
+                    assert trace[name][a.tier]["peak_mib"] >= a.peak_mib
+    finally:
+        store.close()
+    made_up = night.cli("simulate", "--suite", "t", "--gpu-plan", "2,1", "--made-up")
+    assert "figures: made up" in made_up.stdout
+    bad = night.cli(
+        "simulate", "--suite", "t", "--gpu-plan", "2,1", "--trace-out", str(tmp_path / "no" / "x.json")
+    )
+    assert bad.returncode == 2 and "--trace-out" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
