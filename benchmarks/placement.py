@@ -14,9 +14,13 @@ run once before it, to completion, as a suite of their own in the same store (ot
 outsiders again on that night's clock), so every peak and run time the night needs is known
 from history when it is submitted (``sim.Simulation.prior_nights``). Every column is of the
 second night alone. Against the first night it tells what learning costs from what the
-placement rules cost. The baselines place without predictions (static and ts see none, slot-
-only uses them only to order equal jobs), so a second night changes little for them; their
-rows are there to check that.
+placement rules cost. The baselines learn nothing (they place without learned peaks or run
+times), so their second nights measure no learning and differ from their first for other
+reasons: static deals by the store's submission number, which the second suite continues, so
+each job lands one card further on (120 mod 7) and other jobs meet the notebook and the
+colleague's job; slot-only orders equal jobs by predicted peak, all known on a second night
+(largest first); ts runs as on a first night. On a second night every task counts as learned,
+so every co-located OOM counts as one "after learning".
 
 The machine is seed 004's: 7 x 24 GiB cards, 2 jobs per card (``--gpu-plan 2,2,2,2,2,2,2``).
 The suite is 120 GLA-1.3B LoRA fine-tunes (8 GLUE-like tasks x 15 seeds) with the spread of

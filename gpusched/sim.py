@@ -432,7 +432,8 @@ class Simulation:
     events: list[str] = field(default_factory=list)  # every night's (job ids name their suite)
     #: the same trace runs this many times first, in the same store and under the same daemon,
     #: each night a suite of its own (``<suite>-prior-1``, ...) run to completion with noise
-    #: seeded apart; the measured night is submitted as the last of them ends. Every figure of
+    #: seeded apart; the measured night is submitted as the last of them ends (once its
+    #: processes have left the cards, a few seconds on). Every figure of
     #: the result (makespan, OOMs, memory use, the report) is of the measured night alone, on a
     #: clock that starts at its submit; an OOM counts as after learning if any night had a job
     #: of its task finish at its tier.
@@ -477,6 +478,9 @@ class Simulation:
                 prior = self._suite(tmp, name=f"{suite.name}-prior-{k}")
                 if not self._night(prior, tmp, random.Random(f"{self.seed}/prior-night/{k}")):
                     raise RuntimeError(f"{prior.name}: not done after {self.max_s:.0f} s")
+                while self.gone:  # its last processes leave the cards before the next night's submit
+                    self.now += self.dt_s
+                    self._advance()
             finished = self._night(suite, tmp, random.Random(self.seed))
             result = self._result(suite.name, finished=finished)
             # the same report (and timeline) as `gpusched report` gives for a real night
