@@ -11,9 +11,9 @@ plain ``status`` with the real NVML probe (what a user's command loads; on a mac
 a GPU it finds no driver and says so). ``--fields id,state`` is the JSON a script that needs
 only those keys asks for. ``python -c pass`` and ``gpusched --version`` are timed too, as the
 floor any command pays. Besides wall time, the table gives the command's own CPU time (user +
-system), steadier on a shared machine; ``--instructions`` adds each command's instruction count under valgrind's callgrind (one more
-run each, ~50x slower, with a fixed hash seed): the same from run to run within ~1 %, however
-busy the machine, so a change of a few percent shows.
+system), steadier on a shared machine; ``--instructions`` adds each command's instruction
+count under valgrind's callgrind (one more run each, ~50x slower, with a fixed hash seed): the
+same from run to run within ~1 %, however busy the machine, so a change of a few percent shows.
 """
 
 from __future__ import annotations
