@@ -115,11 +115,14 @@ def _trace(args: argparse.Namespace, suite: Suite, sim: Any, totals: list[int]) 
                 peaks, runs = memwatch.records(store, [j.task for j in suite.jobs])
             finally:
                 store.close()
+        from gpusched import memory
+        from gpusched.gpus.fake import FakeProbe
         from gpusched.placement import DEFAULT_HEADROOM_FRAC
 
         jobs = [(j.id, j.name, j.task) for j in suite.jobs]
-        card = min(totals)  # a job placed alone on an empty card is placed with its usable memory
-        whole = int(card * (1 - DEFAULT_HEADROOM_FRAC)) - memwatch.CARD_ALLOWANCE_MIB
+        # a job placed alone on an empty card is placed with that card's room, as placement sees it
+        rooms = memory.rooms(FakeProbe(totals).snapshot(), {}, DEFAULT_HEADROOM_FRAC)
+        whole = min(rooms.values())
         made = whatif.trace_from_history(
             jobs, len(suite.tiers), peaks, runs, seed=args.seed, card_mib=max(totals), whole_mib=whole
         )

@@ -76,7 +76,7 @@ def trace_from_history(
         profiles = _profiles(job_id, tiers, peaks[task], runs.get(task, ()), too_big, whole_mib)
         out.append(sim.TraceJob(name=name, task=task, tiers=profiles))
     measured = {
-        task: len({(s.job_id, s.tier, s.peak_mib) for s in _ok(peaks[task])})
+        task: len(_ok(peaks[task]))
         for task in dict.fromkeys(t for _, _, t in jobs)
         if task not in unknown
     }
