@@ -192,7 +192,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             " run times as this queue measured them, made up for tasks with no finished run)",
         )
         s.add_argument(
-            "--made-up", action="store_true", help="made-up figures for every task, even measured ones"
+            "--made-up",
+            action="store_true",
+            help="made-up figures for every task, even measured ones (and no history: see --cold)",
+        )
+        s.add_argument(
+            "--cold",
+            action="store_true",
+            help="start the scheduler knowing nothing, as on a first night (default: knowing the runs"
+            " this queue measured of the suite's tasks, as it would tonight)",
         )
         s.add_argument(
             "--trace-out", help="also write the trace replayed (JSON: edit it, give it to --trace)"

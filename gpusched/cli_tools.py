@@ -71,7 +71,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     names = sim.POLICIES if args.policy == "all" else (args.policy,)
     if any(n not in sim.POLICIES for n in names):
         raise UsageError(f"--policy {args.policy}: use one of {', '.join(sim.POLICIES)}, or all")
-    trace, figures = _trace(args, suite, sim, list(totals))
+    given = _load_trace(args.trace, sim) if args.trace else None
+    history = _queue_history(args, {j.task for j in (given or suite).jobs})
+    trace, figures = (given, None) if given else _history_trace(args, suite, list(totals), history)
+    warm = None if args.cold or args.made_up else history
     if args.trace_out:
         try:
             Path(args.trace_out).write_text(sim.trace_to_json(trace) + "\n")
@@ -81,7 +84,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from gpusched import plot
 
         plot.require(args.plot)  # before the run: a missing matplotlib is one line, not wasted work
-    results = [sim.simulate(trace, gplan, totals, policy=n, suite=suite, seed=args.seed) for n in names]
+    results = [
+        sim.simulate(trace, gplan, totals, policy=n, suite=suite, seed=args.seed, history=warm) for n in names
+    ]
     if args.plot:
         plot.timeline(results[0].report, args.plot, title=f"{suite.name}, simulated ({results[0].label})")
     if args.json:
@@ -94,46 +99,70 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     )
     if figures:
         print(figures)
+    if first.history_runs:
+        print(
+            f"history: the scheduler starts knowing {first.history_runs} run(s) of {len(history[0])} task(s)"
+            " from this queue,"
+            " as it would tonight (--cold: as on a first night)"
+        )
+    elif args.cold:
+        print("history: none (--cold): every peak and run time unknown at the start, as on a first night")
     print(sim.format_table(results))
     return 0
 
 
-def _trace(args: argparse.Namespace, suite: Suite, sim: Any, totals: list[int]) -> tuple[Any, str | None]:
-    """The trace to replay and, without ``--trace``, where its figures came from (one line)."""
-    if not args.trace:
-        from gpusched import memwatch, whatif
-        from gpusched.home import Home
-
-        peaks: dict[str, Any] = {}
-        runs: dict[str, Any] = {}
-        db = Home.from_env().db  # read if there, never created: a what-if leaves no queue behind
-        if not args.made_up and db.exists():
-            from gpusched.store import Store
-
-            store = Store(db, readonly=True)
-            try:
-                peaks, runs = memwatch.records(store, [j.task for j in suite.jobs])
-            finally:
-                store.close()
-        from gpusched import memory
-        from gpusched.gpus.fake import FakeProbe
-        from gpusched.placement import DEFAULT_HEADROOM_FRAC
-
-        jobs = [(j.id, j.name, j.task) for j in suite.jobs]
-        # a job placed alone on an empty card is placed with that card's room, as placement sees it
-        rooms = memory.rooms(FakeProbe(totals).snapshot(), {}, DEFAULT_HEADROOM_FRAC)
-        whole = min(rooms.values())
-        made = whatif.trace_from_history(
-            jobs, len(suite.tiers), peaks, runs, seed=args.seed, card_mib=max(totals), whole_mib=whole
-        )
-        return made.trace, made.summary()
+def _load_trace(path: str, sim: Any) -> Any:
     try:
-        trace = sim.load_trace(args.trace)
+        trace = sim.load_trace(path)
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
-        raise UsageError(f"--trace {args.trace}: not a trace ({e}); see `gpusched simulate --help`") from e
+        raise UsageError(f"--trace {path}: not a trace ({e}); see `gpusched simulate --help`") from e
     if not trace.jobs:
-        raise UsageError(f"--trace {args.trace}: no jobs; give a list under 'jobs:'")
-    return trace, None
+        raise UsageError(f"--trace {path}: no jobs; give a list under 'jobs:'")
+    return trace
+
+
+def _queue_history(args: argparse.Namespace, tasks: set[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What this queue measured of ``tasks`` (``memwatch.records``: peak samples and run
+    times by task), none with ``--made-up`` or where there is no queue. The queue is only
+    read, never created: a what-if leaves no queue behind."""
+    from gpusched.home import Home
+
+    db = Home.from_env().db
+    if args.made_up or not db.exists():
+        return {}, {}
+    from gpusched import memwatch
+    from gpusched.store import Store
+
+    store = Store(db, readonly=True)
+    try:
+        return memwatch.records(store, sorted(tasks))
+    finally:
+        store.close()
+
+
+def _history_trace(
+    args: argparse.Namespace, suite: Suite, totals: list[int], history: tuple[dict[str, Any], dict[str, Any]]
+) -> tuple[Any, str]:
+    """The trace of each job's figures as the queue measured them, and where they came from
+    (one line)."""
+    from gpusched import memory, whatif
+    from gpusched.gpus.fake import FakeProbe
+    from gpusched.placement import DEFAULT_HEADROOM_FRAC
+
+    peaks, runs = history
+    jobs = [(j.id, j.name, j.task) for j in suite.jobs]
+    # a job placed alone on an empty card is placed with that card's room, as placement sees it
+    rooms = memory.rooms(FakeProbe(totals).snapshot(), {}, DEFAULT_HEADROOM_FRAC)
+    made = whatif.trace_from_history(
+        jobs,
+        len(suite.tiers),
+        peaks,
+        runs,
+        seed=args.seed,
+        card_mib=max(totals),
+        whole_mib=min(rooms.values()),
+    )
+    return made.trace, made.summary()
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:

@@ -30,6 +30,9 @@ trace first runs that many times, each night a suite of its own run to completio
 of its own, and the measured night is submitted when the last of them ends. Its result is
 about it alone, on a clock that starts at its submit. A first night (the default) starts with
 every peak and run time unknown; a later one with what the earlier nights taught.
+``Simulation.history`` gives it, instead, what a real queue measured (``gpusched simulate``
+replaying a suite after a real night): those runs are written into the store, ended before the
+clock starts, as the scheduler tonight would find them.
 """
 
 from __future__ import annotations
@@ -43,13 +46,30 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gpusched import placement, report
+from gpusched import placement, predict, report
 from gpusched.executors.fake import FakeExecutor
 from gpusched.gpus.fake import FakeProbe, FakeUsage
 from gpusched.memory import HostMemory
-from gpusched.model import MIB_PER_GIB, GpuPlan, GpuProcess, GpuState, JobSpec, Suite
+from gpusched.model import (
+    MIB_PER_GIB,
+    OOM_EXIT_CODE,
+    Classification,
+    ExitRecord,
+    GpuPlan,
+    GpuProcess,
+    GpuState,
+    JobSpec,
+    Outcome,
+    Step,
+    StepKind,
+    Suite,
+)
 from gpusched.scheduler import Scheduler, Settings
-from gpusched.store import Store
+from gpusched.store import NewAttempt, Store
+
+#: Past runs by task, as ``memwatch.records`` reads them from a queue: peak samples, and the
+#: successful runs' times.
+History = tuple[Mapping[str, Sequence[predict.PeakSample]], Mapping[str, Sequence[predict.RunSample]]]
 
 CONTEXT_MIB = 500  # a CUDA context, held from a job's first touch of the GPU
 STARTUP_S = 20.0  # imports and data loading before a job touches the GPU
@@ -326,6 +346,7 @@ class SimResult:
     tiers: Mapping[str, int]  # successful runs per tier
     outsider_ooms: int = 0  # outside processes whose allocation failed
     finished: bool = True  # False: stopped at max_s with jobs left
+    history_runs: int = 0  # past runs in the store before the night (``Simulation.history``)
     report: Any = field(default=None, compare=False, repr=False)  # gpusched.report.SuiteReport of the night
 
     @property
@@ -363,6 +384,7 @@ class SimResult:
             "tiers": dict(self.tiers),
             "outsider_ooms": self.outsider_ooms,
             "finished": self.finished,
+            "history_runs": self.history_runs,
         }
 
 
@@ -438,6 +460,12 @@ class Simulation:
     #: clock that starts at its submit; an OOM counts as after learning if any night had a job
     #: of its task finish at its tier.
     prior_nights: int = 0
+    #: runs a real queue measured (``memwatch.records``: peak samples by task, the successful
+    #: ones' run times by task), written into the store before anything else as a suite of
+    #: their own (``<suite>-history``, a job per run, each ended before the clock starts at
+    #: its tier, peak and outcome): the scheduler predicts the night's jobs from them by task,
+    #: as it would a rerun's tonight. Only tasks of the trace are kept.
+    history: History | None = None
 
     def run(self, workdir: Path | None = None) -> SimResult:
         """Simulate in ``workdir`` (its store, ``sim.db``, is left there to read), else in a
@@ -474,6 +502,7 @@ class Simulation:
             assign=self.policy.assign,
         )
         try:
+            written = self._write_history(tmp, f"{suite.name}-history") if self.history else 0
             for k in range(1, self.prior_nights + 1):
                 prior = self._suite(tmp, name=f"{suite.name}-prior-{k}")
                 if not self._night(prior, tmp, random.Random(f"{self.seed}/prior-night/{k}")):
@@ -484,9 +513,66 @@ class Simulation:
             finished = self._night(suite, tmp, random.Random(self.seed))
             result = self._result(suite.name, finished=finished)
             # the same report (and timeline) as `gpusched report` gives for a real night
-            return replace(result, report=report.from_store(self.store, suite.name, now=self.now))
+            night = report.from_store(self.store, suite.name, now=self.now)
+            return replace(result, report=night, history_runs=written)
         finally:
             self.store.close()
+
+    def _write_history(self, tmp: Path, name: str) -> int:
+        """``history`` into the store: one job of suite ``name`` per past run, begun and ended
+        through the store's own transitions at times before 0. Returns how many."""
+        assert self.history is not None
+        peaks, runs = self.history
+        tasks = {j.task for j in self.trace.jobs}
+        seconds: dict[tuple[str, int], list[float]] = {}
+        for task in sorted(tasks & set(runs)):
+            for r in runs[task]:
+                seconds.setdefault((r.job_id, r.tier), []).append(r.seconds)
+        samples = [p for task in sorted(tasks & set(peaks)) for p in peaks[task]]
+        if not samples:
+            return 0
+        base = self._suite(tmp, name=name)
+        tiers = base.tiers
+        jobs = tuple(JobSpec(suite=name, name=f"run-{i}", task=p.task) for i, p in enumerate(samples))
+        self.store.submit(
+            replace(base, jobs=jobs), self.plan, backend="fake", cwd=str(tmp), env_path=None, now=-1.0
+        )
+        for i, (job, p) in enumerate(zip(jobs, samples, strict=True)):
+            outcome = Outcome(p.outcome)  # as the store recorded it
+            ok = outcome == Outcome.OK
+            took = seconds.get((p.job_id, p.tier), [])
+            run_s = took.pop(0) if ok and took else 0.0  # no run time known: none recorded
+            ended = -1.0 - i
+            aid = self.store.begin_attempt(
+                NewAttempt(
+                    job_id=job.id,
+                    tier=p.tier,
+                    tier_name=tiers[min(p.tier, len(tiers) - 1)].name,
+                    gpu=None,
+                    gpu_uuid=None,
+                    backend="fake",
+                    dir=str(tmp / "logs" / name / job.name),
+                    token=f"history-{i}",
+                    placement_reason="measured by the queue simulated from",
+                    predicted_mib=p.predicted_mib,
+                    prediction_source="history",
+                ),
+                now=ended - run_s,
+            )
+            self.store.mark_running(aid, {}, now=ended - run_s)
+            code = 0 if ok else OOM_EXIT_CODE if outcome == Outcome.OOM else 1
+            self.store.finish_attempt(
+                aid,
+                exit=ExitRecord(
+                    exit_code=code, started_at=ended - run_s, ended_at=ended, peak_mib=p.peak_mib
+                ),
+                result=Classification(outcome=outcome, reason="a run of the queue simulated from"),
+                step=Step(kind=StepKind.DONE if ok else StepKind.FAIL, tier=p.tier, reason="history"),
+                now=ended,
+            )
+            if ok:
+                self.learned.add((p.task, p.tier))
+        return len(samples)
 
     def _night(self, suite: Suite, tmp: Path, rng: random.Random) -> bool:
         """Submit ``suite`` now and run until it is done (True) or ``max_s`` has passed. What
@@ -825,9 +911,11 @@ def simulate(
     seed: int = 0,
     settings: Settings | None = None,
     prior_nights: int = 0,
+    history: History | None = None,
 ) -> SimResult:
     """Run ``trace`` on cards of ``totals_mib`` (index = GPU) under ``plan`` with one policy;
-    with ``prior_nights``, measure it after that many nights of it (``Simulation.prior_nights``)."""
+    with ``prior_nights``, measure it after that many nights of it (``Simulation.prior_nights``);
+    with ``history``, after the runs a real queue measured (``Simulation.history``)."""
     return Simulation(
         trace=trace,
         plan=plan,
@@ -837,4 +925,5 @@ def simulate(
         seed=seed,
         settings=settings,
         prior_nights=prior_nights,
+        history=history,
     ).run()

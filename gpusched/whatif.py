@@ -76,9 +76,7 @@ def trace_from_history(
         profiles = _profiles(job_id, tiers, peaks[task], runs.get(task, ()), too_big, whole_mib)
         out.append(sim.TraceJob(name=name, task=task, tiers=profiles))
     measured = {
-        task: len(_ok(peaks[task]))
-        for task in dict.fromkeys(t for _, _, t in jobs)
-        if task not in unknown
+        task: len(_ok(peaks[task])) for task in dict.fromkeys(t for _, _, t in jobs) if task not in unknown
     }
     return HistoryTrace(trace=sim.Trace(jobs=tuple(out)), measured=measured, made_up=tuple(unknown))
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusched import report
+from gpusched import memwatch, report
 from gpusched.store import Store
 from tests.conftest import ROOT, _stop_daemon, run_cli
 
@@ -223,8 +223,25 @@ def test_simulate_replays_the_night_with_the_figures_it_measured(night: Night, t
                     assert trace[name][a.tier]["peak_mib"] >= a.peak_mib
     finally:
         store.close()
+    store = Store(night.home / "gpusched.db", readonly=True)
+    try:
+        peaks, _ = memwatch.records(store, ["sst2", "mnli", "broken"])
+    finally:
+        store.close()
+    runs, tasks = sum(map(len, peaks.values())), len(peaks)
+    assert runs >= 5  # sst2 twice, mnli's OOMs at A and B and its run at C
+    assert (
+        f"history: the scheduler starts knowing {runs} run(s) of {tasks} task(s) from this queue" in r.stdout
+    )
+    warm, cold = (
+        json.loads(night.cli("simulate", "--suite", "t", "--gpu-plan", "2,1", "--json", *flag).stdout)[0]
+        for flag in ((), ("--cold",))
+    )
+    assert (warm["history_runs"], cold["history_runs"]) == (runs, 0)  # in the simulated store, or not
+    first = night.cli("simulate", "--suite", "t", "--gpu-plan", "2,1", "--cold")
+    assert "history: none (--cold)" in first.stdout and "history: the scheduler" not in first.stdout
     made_up = night.cli("simulate", "--suite", "t", "--gpu-plan", "2,1", "--made-up")
-    assert "figures: made up" in made_up.stdout
+    assert "figures: made up" in made_up.stdout and "history: the scheduler" not in made_up.stdout
     bad = night.cli(
         "simulate", "--suite", "t", "--gpu-plan", "2,1", "--trace-out", str(tmp_path / "no" / "x.json")
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -102,6 +103,61 @@ def test_a_second_night_s_result_counts_that_night_alone() -> None:
     assert 0.3 < second.mem_util < 1.0
     again = sim.simulate(trace, PLAN, CARDS, policy="gpusched", seed=3, prior_nights=1)
     assert again.as_dict() == second.as_dict()  # deterministic too
+
+
+def _records(db: Path, tasks: list[str]) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
+    from gpusched import memwatch
+    from gpusched.store import Store
+
+    store = Store(db)
+    try:
+        peaks, runs = memwatch.records(store, tasks)
+        return dict(peaks), dict(runs)
+    finally:
+        store.close()
+
+
+def test_a_night_replayed_from_a_queue_s_history_starts_knowing_what_that_queue_measured(
+    tmp_path: Path,
+) -> None:
+    trace = small_trace()
+    tasks = sorted({j.task for j in trace.jobs})
+    policy = sim.policies(PLAN)["gpusched"]
+    (tmp_path / "real").mkdir()
+    (tmp_path / "whatif").mkdir()
+    # a night "the queue measured" (here a simulated one: what counts is the store it leaves)
+    first = sim.Simulation(trace=trace, plan=PLAN, totals_mib=CARDS, policy=policy, seed=3).run(
+        tmp_path / "real"
+    )
+    peaks, runs = _records(tmp_path / "real" / "sim.db", tasks)
+    assert first.oom_count >= 1 and any(p.outcome == "oom" for ps in peaks.values() for p in ps)
+    warm = sim.Simulation(
+        trace=trace, plan=PLAN, totals_mib=CARDS, policy=policy, seed=3, history=(peaks, runs)
+    ).run(tmp_path / "whatif")
+    db = tmp_path / "whatif" / "sim.db"
+
+    def samples(
+        p: dict[str, list[Any]], r: dict[str, list[Any]], suite: str = "sim"
+    ) -> list[tuple[Any, ...]]:
+        def of(xs: dict[str, list[Any]]) -> list[Any]:
+            return [x for v in xs.values() for x in v if x.job_id.startswith(suite + "/")]
+
+        took = sorted((x.task, x.tier, round(x.seconds, 3)) for x in of(r))
+        return sorted((x.task, x.tier, x.peak_mib, str(x.outcome)) for x in of(p)) + took
+
+    # the store the night ran in holds the same runs (peaks, outcomes, run times), as a suite of their own
+    assert samples(*_records(db, tasks), suite="sim-history") == samples(peaks, runs)
+    learned = {(x.task, x.tier) for xs in runs.values() for x in xs}
+    firsts = [(task, tier, src) for task, n, tier, src, _ in _attempts(db, "sim") if n == 1]
+    known = [src for task, tier, src in firsts if (task, tier) in learned]
+    assert len(known) >= 10 and set(known) == {"task"}  # predicted from the queue's runs of the task
+    assert warm.oom_count == 0 and warm.learned_colocated_ooms == 0
+    assert warm.finished and (warm.attempts, warm.succeeded) == (15, 15)  # the night alone
+    assert warm.history_runs == sum(map(len, peaks.values())) and first.history_runs == 0
+    cold = sim.simulate(trace, PLAN, CARDS, policy="gpusched", seed=3)
+    assert cold.as_dict() == first.as_dict()  # without history: a first night, as before
+    empty = sim.simulate(trace, PLAN, CARDS, policy="gpusched", seed=3, history=({}, {}))
+    assert empty.as_dict() == first.as_dict()  # a queue that ran none of its tasks: the same
 
 
 def test_the_simulated_oom_is_a_real_oom_to_classify() -> None:
