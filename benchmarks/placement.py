@@ -4,6 +4,7 @@ same run:
     python benchmarks/placement.py [--seed 4] [--json] [--trace-out trace.json]
     python benchmarks/placement.py --seeds 4,7,11,1,2,3,5,6 --policy gpusched
     python benchmarks/placement.py --seeds 4,7,11,1,2,3,5,6 --policy gpusched --second-night
+    python benchmarks/placement.py --seeds 4,7,11,1,2,3,5,6 --policy gpusched --from-history
 
 ``--seeds`` runs several traces and prints one line per seed and policy, with makespan / lower
 bound to three places, and each policy's mean over the seeds (how docs/placement-rounds.md
@@ -21,6 +22,12 @@ each job lands one card further on (120 mod 7) and other jobs meet the notebook 
 colleague's job; slot-only orders equal jobs by predicted peak, all known on a second night
 (largest first); ts runs as on a first night. On a second night every task counts as learned,
 so every co-located OOM counts as one "after learning".
+
+``--from-history`` measures the night ``gpusched simulate`` replays after a real night: the
+first night runs alone in a store of its own, its runs are read back from that store as the
+command reads a queue (``memwatch.records``: peaks, OOMs, run times by task) and written into
+the measured night's store before it starts (``sim.Simulation.history``). Same noise seed for
+both nights; the history is that first night's, not another one's.
 
 The machine is seed 004's: 7 x 24 GiB cards, 2 jobs per card (``--gpu-plan 2,2,2,2,2,2,2``).
 The suite is 120 GLA-1.3B LoRA fine-tunes (8 GLUE-like tasks x 15 seeds) with the spread of
@@ -54,6 +61,7 @@ import argparse
 import json
 import random
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -120,11 +128,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="measure a second night: the same jobs ran once before, in the same store",
     )
+    ap.add_argument(
+        "--from-history",
+        action="store_true",
+        help="measure a night that starts from a first night's runs, as `gpusched simulate` replays one",
+    )
     args = ap.parse_args(argv)
     policies = args.policy or list(sim.POLICIES)
     prior = 1 if args.second_night else 0
     if args.seeds:
-        return _seeds([int(s) for s in args.seeds.split(",")], policies, prior)
+        return _seeds([int(s) for s in args.seeds.split(",")], policies, prior, args.from_history)
     trace = e1_trace(args.seed)
     if args.trace_out:
         Path(args.trace_out).write_text(sim.trace_to_json(trace))
@@ -132,9 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     results, took = [], {}
     for name in policies:
         t0 = time.monotonic()
-        results.append(
-            sim.simulate(trace, plan, [CARD_MIB] * GPUS, policy=name, seed=args.seed, prior_nights=prior)
-        )
+        results.append(night(trace, plan, name, args.seed, prior, args.from_history))
         took[name] = time.monotonic() - t0
     if args.json:
         print(json.dumps([r.as_dict() for r in results], indent=1))
@@ -142,31 +153,63 @@ def main(argv: list[str] | None = None) -> int:
     r0 = results[0]
     print(
         f"{r0.jobs} jobs, {r0.gpus} x 24 GiB, 2 per card; lower bound {hours(r0.lower_bound_s)};"
-        f" seed {args.seed}" + ("; the second night (one before it in the store)" if prior else "")
+        f" seed {args.seed}"
+        + ("; the second night (one before it in the store)" if prior else "")
+        + ("; from the first night's history" if args.from_history else "")
     )
     print(sim.format_table(results))
     print("simulated in " + ", ".join(f"{k} {v:.0f} s" for k, v in took.items()))
     return 0
 
 
-def _seeds(seeds: list[int], policies: list[str], prior: int = 0) -> int:
+def night(
+    trace: sim.Trace, plan: GpuPlan, policy: str, seed: int, prior: int = 0, from_history: bool = False
+) -> sim.SimResult:
+    """One policy's night: a first night, or after ``prior`` nights in its store, or (with
+    ``from_history``) with a first night's runs written into its store first."""
+    history = None
+    if from_history:
+        from gpusched import memwatch
+        from gpusched.store import Store
+
+        with tempfile.TemporaryDirectory(prefix="gpusched-sim-") as tmp:
+            first = sim.Simulation(
+                trace=trace,
+                plan=plan,
+                totals_mib=[CARD_MIB] * GPUS,
+                policy=sim.policies(plan)[policy],
+                seed=seed,
+            )
+            first.run(Path(tmp))
+            store = Store(Path(tmp) / "sim.db")
+            try:
+                history = memwatch.records(store, sorted({j.task for j in trace.jobs}))
+            finally:
+                store.close()
+    return sim.simulate(
+        trace, plan, [CARD_MIB] * GPUS, policy=policy, seed=seed, prior_nights=prior, history=history
+    )
+
+
+def _seeds(seeds: list[int], policies: list[str], prior: int = 0, from_history: bool = False) -> int:
     """One line per seed and policy, then each policy's mean makespan / lower bound (of the
-    second night with ``prior`` 1)."""
+    second night with ``prior`` 1, of the night from the first one's history with
+    ``from_history``)."""
     plan = GpuPlan(gpus=tuple(range(GPUS)), slots=(2,) * GPUS)
     ratios: dict[str, list[float]] = {name: [] for name in policies}
-    night = " (second night)" if prior else ""
+    which = " (second night)" if prior else " (from history)" if from_history else ""
     for seed in seeds:
         trace = e1_trace(seed)
         for name in policies:
-            r = sim.simulate(trace, plan, [CARD_MIB] * GPUS, policy=name, seed=seed, prior_nights=prior)
+            r = night(trace, plan, name, seed, prior, from_history)
             ratios[name].append(r.makespan_s / r.lower_bound_s)
             print(
-                f"seed {seed} {name}{night}: {hours(r.makespan_s)}, {ratios[name][-1]:.3f} x the lower bound,"
+                f"seed {seed} {name}{which}: {hours(r.makespan_s)}, {ratios[name][-1]:.3f} x the lower bound,"
                 f" {r.oom_count} OOMs, {r.learned_colocated_ooms} co-located after learning",
                 flush=True,
             )
     for name, rs in ratios.items():
-        print(f"mean over {len(rs)} seeds, {name}{night}: {sum(rs) / len(rs):.4f}")
+        print(f"mean over {len(rs)} seeds, {name}{which}: {sum(rs) / len(rs):.4f}")
     return 0
 
 
