@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from msgspec import Struct
 
 from gpusched.model import ExitRecord
 
 
-@dataclass(frozen=True)
-class AttemptPaths:
+class AttemptPaths(Struct, frozen=True):
     dir: Path
 
     @classmethod

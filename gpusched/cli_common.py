@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
 
 
 def _home() -> Home:
-    from gpusched.home import Home  # a dataclass: not imported for --version or --help
+    from gpusched.home import Home  # a record: not imported for --version or --help
 
     return Home.from_env().ensure()
 

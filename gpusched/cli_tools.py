@@ -24,9 +24,10 @@ def cmd_gpus(args: argparse.Namespace) -> int:
     probe = make_probe(_probe_spec(args.fake_gpus))
     snap = probe.snapshot()
     if args.json:
-        from dataclasses import asdict
+        import msgspec
 
-        print(json.dumps({"probe": probe.name, "notice": probe.notice(), "gpus": [asdict(g) for g in snap]}))
+        doc = {"probe": probe.name, "notice": probe.notice(), "gpus": snap}
+        print(json.dumps(msgspec.to_builtins(doc)))
         return 0
     if probe.notice():
         print(probe.notice())

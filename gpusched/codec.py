@@ -7,15 +7,23 @@ keys from a newer writer are ignored so an older reader still opens the row.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, fields
 from typing import Any
+
+import msgspec
 
 from gpusched.model import BatchKeys, BatchRule, JobSpec, ResumeSpec, RetryPolicy, Suite, Tier
 
 
 def _known(cls: type, d: dict[str, Any]) -> dict[str, Any]:
-    names = {f.name for f in fields(cls)}
+    names = cls.__struct_fields__  # type: ignore[attr-defined]
     return {k: v for k, v in d.items() if k in names}
+
+
+def _plain(record: msgspec.Struct) -> dict[str, Any]:
+    """``record`` as JSON-ready builtins, nested records too (anything else YAML can give a
+    config, such as a date, as its ``str``)."""
+    d: dict[str, Any] = msgspec.to_builtins(record, enc_hook=str)
+    return d
 
 
 def tier_from_dict(d: dict[str, Any]) -> Tier:
@@ -26,7 +34,7 @@ def tier_from_dict(d: dict[str, Any]) -> Tier:
 
 
 def job_to_json(job: JobSpec) -> str:
-    return json.dumps(asdict(job), sort_keys=True, default=str)
+    return json.dumps(_plain(job), sort_keys=True)
 
 
 def job_from_json(text: str) -> JobSpec:
@@ -34,7 +42,7 @@ def job_from_json(text: str) -> JobSpec:
 
 
 def suite_to_json(suite: Suite) -> str:
-    d = asdict(suite)
+    d = _plain(suite)
     d.pop("jobs", None)  # jobs live in their own rows
     return json.dumps(d, sort_keys=True, default=str)
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+
+from msgspec.structs import replace
 
 from gpusched import plan
 from gpusched import yamlfields as yf

@@ -4,12 +4,12 @@ machine-wide resource shared by all of a user's projects)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
+from msgspec import Struct
 
-@dataclass(frozen=True)
-class Home:
+
+class Home(Struct, frozen=True):
     """Every path of the per-user state directory. Created 0700 by :meth:`ensure`."""
 
     root: Path

@@ -36,7 +36,9 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+
+from msgspec import Struct
+from msgspec.structs import replace
 
 from gpusched import placement
 from gpusched.model import MIB_PER_GIB, GpuState, Outcome, Placement
@@ -54,8 +56,7 @@ MAX_STEP_UP = 2.0
 # --------------------------------------------------------------------------- attribution
 
 
-@dataclass(frozen=True, kw_only=True)
-class Tree:
+class Tree(Struct, frozen=True, kw_only=True):
     """One attempt's processes: its wrapper and everything below it (or, for an attempt
     that just ended, the processes last seen of it on its card)."""
 
@@ -66,8 +67,7 @@ class Tree:
     ending: bool = False  # ended, its memory may still be being released
 
 
-@dataclass(frozen=True, kw_only=True)
-class Usage:
+class Usage(Struct, frozen=True, kw_only=True):
     """What a snapshot shows of one attempt."""
 
     attempt_id: int
@@ -77,14 +77,12 @@ class Usage:
     elsewhere: tuple[tuple[int, int], ...] = ()  # (card index, pid) on a card it was not given
 
 
-@dataclass(frozen=True, kw_only=True)
-class Owner:
+class Owner(Struct, frozen=True, kw_only=True):
     job_id: str
     ending: bool
 
 
-@dataclass(frozen=True, kw_only=True)
-class Attribution:
+class Attribution(Struct, frozen=True, kw_only=True):
     usage: Mapping[int, Usage]  # attempt id -> usage
     owners: Mapping[tuple[int, int], Owner]  # (card index, pid) -> the job it belongs to
     outside_mib: Mapping[int, int]  # card index -> memory of processes that are not ours
@@ -143,8 +141,7 @@ def attribute(gpus: Sequence[GpuState], trees: Sequence[Tree]) -> Attribution:
 # --------------------------------------------------------------------------- reservations
 
 
-@dataclass(frozen=True, kw_only=True)
-class Holding:
+class Holding(Struct, frozen=True, kw_only=True):
     """One running attempt as reservations see it."""
 
     predicted_mib: int | None
@@ -283,8 +280,7 @@ def rooms(gpus: Sequence[GpuState], outside_mib: Mapping[int, int], headroom_fra
     }
 
 
-@dataclass(frozen=True, kw_only=True)
-class Start:
+class Start(Struct, frozen=True, kw_only=True):
     tier: int  # the tier to start at
     predicted_mib: int | None  # the prediction to place with (clamped when nothing fits)
     note: str | None = None  # why not the job's own tier (shown with its placement or wait)
@@ -491,14 +487,12 @@ def _emptied(g: GpuSlotView) -> GpuSlotView:
 # --------------------------------------------------------------------------- host RAM
 
 
-@dataclass(frozen=True, kw_only=True)
-class HostMemory:
+class HostMemory(Struct, frozen=True, kw_only=True):
     available_mib: int | None
     total_mib: int | None
 
 
-@dataclass(frozen=True, kw_only=True)
-class HostLimit:
+class HostLimit(Struct, frozen=True, kw_only=True):
     """Launches wait while available host RAM is below ``min_mib`` or ``min_frac`` of the
     total, whichever is *smaller* (a small box is not blocked for good by a fixed figure; a
     big one still stops at ``min_mib``). 0 disables either."""

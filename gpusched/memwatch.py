@@ -18,8 +18,10 @@ import math
 import os
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
 from pathlib import Path
+
+from msgspec import Struct
+from msgspec.structs import replace
 
 from gpusched import memory, placement, predict
 from gpusched.logs import logger
@@ -101,8 +103,7 @@ def host_hold(store: Store) -> tuple[float, str] | None:
 # --------------------------------------------------------------------------- demands
 
 
-@dataclass(frozen=True, kw_only=True)
-class Demand:
+class Demand(Struct, frozen=True, kw_only=True):
     """A queued job as placement sees it, with the predictions behind it."""
 
     view: placement.QueuedJob  # at its start tier, with the predicted peak placed with
@@ -171,8 +172,7 @@ def records(
     return peaks, runs
 
 
-@dataclass(frozen=True)
-class Running:
+class Running(Struct, frozen=True):
     """What the attempts running now tell of their tasks."""
 
     longest_s: dict[str, float]  # task -> how long its longest-running attempt has run so far
@@ -303,24 +303,16 @@ def _chains(out: dict[str, Demand], jobs: Sequence[JobRow], cards: Mapping[str, 
 
 
 def _like(view: placement.QueuedJob, job: JobRow) -> placement.QueuedJob:
-    """``replace(view, job_id=..., seq=..., priority=..., avoid_gpu=...)`` of ``job``, without
-    the dataclass's generated ``__init__`` (a long queue builds one view per job every tick)."""
-    like = object.__new__(placement.QueuedJob)
-    like.__dict__.update(
-        view.__dict__, job_id=job.id, seq=job.seq, priority=job.priority, avoid_gpu=job.avoid_gpu
-    )
-    return like
+    """``view`` (of a job of ``job``'s kind) as ``job``'s own."""
+    return replace(view, job_id=job.id, seq=job.seq, priority=job.priority, avoid_gpu=job.avoid_gpu)
 
 
 def _like_demand(demand: Demand, job: JobRow) -> Demand:
-    """``replace(demand, view=_like(demand.view, job))``, as :func:`_like` builds it."""
-    like = object.__new__(Demand)
-    like.__dict__.update(demand.__dict__, view=_like(demand.view, job))
-    return like
+    """``demand`` (of a job of ``job``'s kind) as ``job``'s own."""
+    return replace(demand, view=_like(demand.view, job))
 
 
-@dataclass(frozen=True)
-class _Cards:
+class _Cards(Struct, frozen=True):
     """What a suite's gpu-plan allows, worked out once per call, not once per job."""
 
     allowed: dict[int, int]  # card -> the plan's slot cap (shared by the suite's queued jobs)
@@ -492,8 +484,7 @@ def last_wave(demand: Mapping[str, Demand]) -> bool:
 # --------------------------------------------------------------------------- the watch
 
 
-@dataclass(kw_only=True)
-class _Seen:
+class _Seen(Struct, kw_only=True):
     gpu: int | None
     pids: frozenset[int]  # its processes last seen on its card
     used_mib: int | None

@@ -1,6 +1,6 @@
 """Plain records and closed enums shared by the pure core and the edges.
 
-Everything here is data: frozen, keyword-only dataclasses with units in field names
+Everything here is data: frozen, keyword-only records (``msgspec.Struct``) with units in field names
 (``free_mib``, ``started_at``), and ``StrEnum`` states whose legal moves are written down
 in one table. Nothing in this module touches a clock, a file or a process.
 """
@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
 from typing import Any
+
+from msgspec import Struct, field
+from msgspec.structs import replace
 
 from gpusched.errors import IllegalTransition
 
@@ -84,8 +86,7 @@ class StepKind(enum.StrEnum):
 # --------------------------------------------------------------------------- plan side
 
 
-@dataclass(frozen=True, kw_only=True)
-class BatchRule:
+class BatchRule(Struct, frozen=True, kw_only=True):
     """How a tier changes the micro-batch while keeping the effective batch
     (micro-batch x gradient accumulation) the same.
 
@@ -96,8 +97,7 @@ class BatchRule:
     micro_batch: int | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
-class Tier:
+class Tier(Struct, frozen=True, kw_only=True):
     """One step of the conservativeness ladder, already resolved (cumulative over the
     tiers before it): what a job at this tier gets on top of its own configuration."""
 
@@ -110,16 +110,14 @@ class Tier:
     description: str = ""
 
 
-@dataclass(frozen=True, kw_only=True)
-class BatchKeys:
+class BatchKeys(Struct, frozen=True, kw_only=True):
     """The config keys that hold a suite's micro-batch and gradient accumulation."""
 
     size: str = "batch_size"
     accumulation: str = "gradient_accumulation_steps"
 
 
-@dataclass(frozen=True, kw_only=True)
-class ResumeSpec:
+class ResumeSpec(Struct, frozen=True, kw_only=True):
     """How a suite's trainer resumes. When ``checkpoint_glob`` (relative to the job's
     ``output_dir`` config value, or absolute) matches a file or folder, the next attempt
     gets ``config[flag_key] = True`` and/or ``config[path_key] = <newest match>``."""
@@ -130,8 +128,7 @@ class ResumeSpec:
     path_key: str | None = None  # e.g. resume_from_checkpoint
 
 
-@dataclass(frozen=True, kw_only=True)
-class JobSpec:
+class JobSpec(Struct, frozen=True, kw_only=True):
     """Everything needed to launch one job of a suite, independent of tier and GPU."""
 
     suite: str
@@ -146,16 +143,14 @@ class JobSpec:
         return f"{self.suite}/{self.name}"
 
 
-@dataclass(frozen=True, kw_only=True)
-class RetryPolicy:
+class RetryPolicy(Struct, frozen=True, kw_only=True):
     """Retries of plain ``error`` outcomes (opt-in; OOM uses the tier ladder instead)."""
 
     errors: int = 0
     backoff_s: float = 30.0
 
 
-@dataclass(frozen=True, kw_only=True)
-class Suite:
+class Suite(Struct, frozen=True, kw_only=True):
     """A validated plan file: the suite-wide part shared by every job."""
 
     name: str
@@ -175,8 +170,7 @@ class Suite:
     description: str = ""
 
 
-@dataclass(frozen=True, kw_only=True)
-class GpuPlan:
+class GpuPlan(Struct, frozen=True, kw_only=True):
     """Per-GPU concurrency caps: ``slots[i]`` jobs at most on GPU ``gpus[i]``."""
 
     gpus: tuple[int, ...]
@@ -200,14 +194,12 @@ class GpuPlan:
 # --------------------------------------------------------------------------- GPUs
 
 
-@dataclass(frozen=True, kw_only=True)
-class GpuProcess:
+class GpuProcess(Struct, frozen=True, kw_only=True):
     pid: int
     used_mib: int | None  # None when the driver does not say
 
 
-@dataclass(frozen=True, kw_only=True)
-class GpuState:
+class GpuState(Struct, frozen=True, kw_only=True):
     """What a probe saw of one GPU at ``sampled_at``. Unknown values are ``None``: a probe
     never raises into the scheduler loop."""
 
@@ -228,8 +220,7 @@ class GpuState:
 # --------------------------------------------------------------------------- runs
 
 
-@dataclass(frozen=True, kw_only=True)
-class ExitRecord:
+class ExitRecord(Struct, frozen=True, kw_only=True):
     """What the wrapper wrote to ``exit.json`` (plus the in-job helper's report, if any)."""
 
     exit_code: int | None
@@ -241,8 +232,7 @@ class ExitRecord:
     oom_reported: bool = False  # the in-job helper saw a torch OOM itself
 
 
-@dataclass(frozen=True, kw_only=True)
-class Classification:
+class Classification(Struct, frozen=True, kw_only=True):
     """``outcome.classify``'s answer: what happened, why, and the log line that shows it."""
 
     outcome: Outcome
@@ -251,8 +241,7 @@ class Classification:
     contention: bool = False  # OOM while another process held most of the card
 
 
-@dataclass(frozen=True, kw_only=True)
-class Step:
+class Step(Struct, frozen=True, kw_only=True):
     """``outcome.next_step``'s answer."""
 
     kind: StepKind
@@ -262,16 +251,14 @@ class Step:
     not_before: float | None = None  # retry backoff (absolute time)
 
 
-@dataclass(frozen=True, kw_only=True)
-class Placement:
+class Placement(Struct, frozen=True, kw_only=True):
     job_id: str
     gpu: int | None  # None: no GPU (slot-only machines without GPUs still get an index)
     tier: int
     reason: str
 
 
-@dataclass(frozen=True, kw_only=True)
-class Wait:
+class Wait(Struct, frozen=True, kw_only=True):
     """Why a queued job was not placed this tick (shown by ``status``)."""
 
     job_id: str

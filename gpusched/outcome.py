@@ -17,7 +17,8 @@ from __future__ import annotations
 import re
 import signal as _signal
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from gpusched.model import (
     OOM_EXIT_CODE,
@@ -54,8 +55,7 @@ _MAX_BACKOFF_DOUBLINGS = 30
 # --------------------------------------------------------------------------- the table
 
 
-@dataclass(frozen=True, kw_only=True)
-class Signature:
+class Signature(Struct, frozen=True, kw_only=True):
     """A message that proves how a job died.
 
     ``text`` is the message as its source prints it; matching is case-sensitive. ``pattern``
@@ -69,8 +69,7 @@ class Signature:
     pattern: re.Pattern[str]
 
 
-@dataclass(frozen=True, kw_only=True)
-class LookAlike:
+class LookAlike(Struct, frozen=True, kw_only=True):
     """A message that contains or resembles an OOM signature but is not an OOM death.
     A log line that matches one is never an OOM line."""
 
@@ -203,8 +202,7 @@ def classify(exit: ExitRecord | None, log_tail: str, *, cancel_requested: bool) 
     return _error(lines, exit)
 
 
-@dataclass(frozen=True)
-class _Line:
+class _Line(Struct, frozen=True):
     raw: str  # as logged, stripped (ANSI colours removed)
     text: str  # without a launcher's "[rank0]: " prefix, stripped: what is matched
     indented: bool  # began with white space (after that prefix): a traceback's source line does

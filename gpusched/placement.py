@@ -49,15 +49,16 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+
+from msgspec import Struct
+from msgspec.structs import replace
 
 from gpusched.model import MIB_PER_GIB, GpuState, Placement, Tier, Wait
 
 DEFAULT_HEADROOM_FRAC = 0.10
 
 
-@dataclass(frozen=True, kw_only=True)
-class QueuedJob:
+class QueuedJob(Struct, frozen=True, kw_only=True):
     """A job waiting for a GPU, with what placement needs to know of it."""
 
     job_id: str
@@ -82,8 +83,7 @@ class QueuedJob:
     faster: tuple[tuple[int, int | None], ...] = ()
 
 
-@dataclass(frozen=True, kw_only=True)
-class GpuSlotView:
+class GpuSlotView(Struct, frozen=True, kw_only=True):
     """One GPU as placement sees it: occupancy and, when a probe knows it, memory."""
 
     index: int
@@ -102,8 +102,7 @@ class GpuSlotView:
         return None if self.free_mib is None else self.free_mib - self.reserved_mib
 
 
-@dataclass(frozen=True, kw_only=True)
-class Decision:
+class Decision(Struct, frozen=True, kw_only=True):
     """What :func:`assign` decided: placements in the order made, and the jobs left waiting
     in the queue's order (:func:`job_order`), which callers rely on."""
 

@@ -16,9 +16,10 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from msgspec import field
 
 from gpusched import matrix, tiers
 from gpusched import yamlfields as yf
@@ -37,8 +38,7 @@ _TOP_KEYS = (
 _TIER_KEYS = ("name", "env", "config", "batch", "exclusive", "min_free_mib", "description")
 
 
-@dataclass(frozen=True, kw_only=True)
-class PlannedSuite(Suite):
+class PlannedSuite(Suite, frozen=True, kw_only=True):
     """A :class:`Suite` as :func:`load_suite` returns it, plus what ``--pairs`` needs:
     ``pairs`` maps each matrix job's name to its pairs-template rendering (explicit jobs
     have none); ``pairs_template`` is that template (None without a matrix)."""

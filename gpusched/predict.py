@@ -26,15 +26,15 @@ need, so a prediction from (1) or (2) is never below them. Samples of other outc
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from gpusched.model import Outcome
 
 SOURCES = ("job", "task", "default", "unknown")
 
 
-@dataclass(frozen=True, kw_only=True)
-class PeakSample:
+class PeakSample(Struct, frozen=True, kw_only=True):
     """One finished attempt's measured peak (``None`` when the trainer did not report it)."""
 
     job_id: str
@@ -45,8 +45,7 @@ class PeakSample:
     predicted_mib: int | None = None  # what the attempt was placed with
 
 
-@dataclass(frozen=True, kw_only=True)
-class Prediction:
+class Prediction(Struct, frozen=True, kw_only=True):
     mib: int | None
     source: str  # one of SOURCES
 
@@ -119,8 +118,7 @@ def _at_least(value: int, floor: int | None) -> int:
 DURATION_SOURCES = ("job", "task", "running", "unknown")
 
 
-@dataclass(frozen=True, kw_only=True)
-class RunSample:
+class RunSample(Struct, frozen=True, kw_only=True):
     """How long one successful attempt ran (``started_at`` to ``ended_at``)."""
 
     job_id: str
@@ -129,8 +127,7 @@ class RunSample:
     seconds: float
 
 
-@dataclass(frozen=True, kw_only=True)
-class Duration:
+class Duration(Struct, frozen=True, kw_only=True):
     seconds: float | None
     source: str  # one of DURATION_SOURCES
 

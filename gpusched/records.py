@@ -1,4 +1,4 @@
-"""The store's row records: frozen dataclasses built from SQLite rows (``from_row``), and
+"""The store's row records: frozen structs built from SQLite rows (``from_row``), and
 what the scheduler hands the store (:class:`NewAttempt`).
 
 :mod:`gpusched.store` imports them, so ``from gpusched.store import JobRow`` keeps working.
@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from dataclasses import dataclass, field, fields
 from functools import cached_property
-from typing import Any, TypeVar
+from typing import Any
+
+from msgspec import Struct
 
 from gpusched import codec
 from gpusched.model import AttemptState, GpuPlan, JobSpec, JobState, Suite
 
 
-@dataclass(frozen=True, kw_only=True)
-class SuiteRow:
+class SuiteRow(Struct, frozen=True, kw_only=True):
     name: str
     plan_path: str
     cwd: str
@@ -43,14 +43,13 @@ class SuiteRow:
         )
 
 
-@dataclass(frozen=True, kw_only=True)
-class JobRow:
+class JobRow(Struct, frozen=True, kw_only=True, dict=True):  # dict: the cached spec
     seq: int
     id: str
     suite: str
     name: str
     task: str
-    spec_json: str = field(repr=False)  # decoded on first use of ``spec`` (a tick and status never need it)
+    spec_json: str  # decoded on first use of ``spec`` (a tick and status never need it)
     priority: int
     state: JobState
     tier: int
@@ -79,11 +78,10 @@ class JobRow:
         d["spec_json"] = d.pop("spec")
         d["state"] = JobState(d["state"])
         d["cancel_requested"] = bool(d["cancel_requested"])
-        return _record(cls, d)
+        return cls(**d)
 
 
-@dataclass(frozen=True, kw_only=True)
-class AttemptRow:
+class AttemptRow(Struct, frozen=True, kw_only=True):
     id: int
     job_id: str
     n: int
@@ -114,18 +112,16 @@ class AttemptRow:
         d = _as_dict(r)
         d["state"] = AttemptState(d["state"])
         d["handle"] = json.loads(d["handle"]) if d["handle"] else None
-        return _record(cls, d)
+        return cls(**d)
 
 
-@dataclass(frozen=True, kw_only=True)
-class SubmitResult:
+class SubmitResult(Struct, frozen=True, kw_only=True):
     queued: tuple[str, ...]
     requeued: tuple[str, ...]  # finished jobs queued again (--rerun)
     skipped: tuple[tuple[str, str], ...]  # (job id, its state) left as they were
 
 
-@dataclass(frozen=True, kw_only=True)
-class NewAttempt:
+class NewAttempt(Struct, frozen=True, kw_only=True):
     """What the scheduler decided to launch; recorded before anything starts."""
 
     job_id: str
@@ -139,25 +135,6 @@ class NewAttempt:
     placement_reason: str
     predicted_mib: int | None = None
     prediction_source: str | None = None
-
-
-_R = TypeVar("_R")
-_FIELDS: dict[type, frozenset[str]] = {}
-
-
-def _record(cls: type[_R], values: dict[str, Any]) -> _R:
-    """``cls(**values)`` for a frozen dataclass, without its generated ``__init__`` (which sets
-    each field through ``object.__setattr__``: ~10 us for a job row, 0.1 s of a ``status``
-    over 10k jobs) when ``values`` names exactly its fields; else ``cls(**values)`` itself,
-    which says what is missing or extra."""
-    names = _FIELDS.get(cls)
-    if names is None:
-        names = _FIELDS[cls] = frozenset(f.name for f in fields(cls))  # type: ignore[arg-type]
-    if values.keys() != names:
-        return cls(**values)
-    obj = object.__new__(cls)
-    obj.__dict__.update(values)
-    return obj
 
 
 def _as_dict(r: sqlite3.Row) -> dict[str, Any]:

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from msgspec import Struct
 
 #: Outcomes reported for attempts, in display order (``running``: not ended yet).
 OUTCOMES = ("ok", "oom", "host_oom", "error", "lost", "cancelled", "running")
@@ -57,8 +58,7 @@ _RESUME_NOTE = "# injected: resume from "
 # --------------------------------------------------------------------------- input rows
 
 
-@dataclass(frozen=True, kw_only=True)
-class Attempt:
+class Attempt(Struct, frozen=True, kw_only=True):
     """One attempt of a job, as the report needs it."""
 
     job: str  # job id, suite/name
@@ -98,8 +98,7 @@ class Attempt:
         )
 
 
-@dataclass(frozen=True, kw_only=True)
-class Job:
+class Job(Struct, frozen=True, kw_only=True):
     """A job's final word: its state and why."""
 
     id: str
@@ -118,8 +117,7 @@ class Job:
         )
 
 
-@dataclass(frozen=True, kw_only=True)
-class Sample:
+class Sample(Struct, frozen=True, kw_only=True):
     """One GPU memory sample (``gpu_samples`` row)."""
 
     at: float
@@ -147,8 +145,7 @@ def _getter(r: Any) -> Any:
 # --------------------------------------------------------------------------- output
 
 
-@dataclass(frozen=True, kw_only=True)
-class AttemptLine:
+class AttemptLine(Struct, frozen=True, kw_only=True):
     """An attempt as reported: its lane on its GPU, duration and whether its time was lost."""
 
     job: str
@@ -167,8 +164,7 @@ class AttemptLine:
     log: str | None
 
 
-@dataclass(frozen=True, kw_only=True)
-class JobLine:
+class JobLine(Struct, frozen=True, kw_only=True):
     id: str
     state: str
     attempts: int
@@ -184,8 +180,7 @@ class JobLine:
     log: str | None  # the last attempt's output.log
 
 
-@dataclass(frozen=True, kw_only=True)
-class GpuLine:
+class GpuLine(Struct, frozen=True, kw_only=True):
     gpu: int | None
     slots: int  # from the suite's --gpu-plan; the lanes used when unknown
     lanes: int
@@ -198,8 +193,7 @@ class GpuLine:
     total_mib: int | None
 
 
-@dataclass(frozen=True, kw_only=True)
-class SuiteReport:
+class SuiteReport(Struct, frozen=True, kw_only=True):
     suite: str
     now: float
     start: float | None
@@ -213,7 +207,7 @@ class SuiteReport:
     jobs: tuple[JobLine, ...]
     attempts: tuple[AttemptLine, ...]
     gpus: tuple[GpuLine, ...]
-    samples: tuple[Sample, ...] = field(default=())
+    samples: tuple[Sample, ...] = ()
 
     @property
     def failing(self) -> list[JobLine]:

@@ -13,8 +13,10 @@ import math
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+from msgspec import Struct, field
+from msgspec.structs import replace
 
 from gpusched import memory, memwatch, outcome, placement, predict
 from gpusched.attempt import AttemptPaths, materialize
@@ -38,8 +40,7 @@ from gpusched.store import AttemptRow, JobRow, NewAttempt, Store, SuiteRow
 log = logging.getLogger(__name__)
 
 
-@dataclass(kw_only=True)
-class Settings:
+class Settings(Struct, kw_only=True):
     headroom_frac: float = 0.10  # keep this share of every card free (seeds: 10-20 %)
     ramp_s: float = 60.0  # a job launched (or last grown) this recently counts as holding its predicted peak
     release_s: float = 30.0  # an ended attempt's processes count as ours until gone, this long at most
@@ -56,8 +57,7 @@ class Settings:
     candidates: int = 256  # queued jobs considered per tick (keeps a tick cheap at 10k queued)
 
 
-@dataclass(frozen=True)
-class _Begun:
+class _Begun(Struct, frozen=True):
     """An attempt recorded ``launching`` (phase 1), with what starting it needs."""
 
     job: JobRow
@@ -74,8 +74,7 @@ class _Begun:
 AssignFn = Callable[..., placement.Decision]
 
 
-@dataclass(kw_only=True)
-class TickReport:
+class TickReport(Struct, kw_only=True):
     reaped: list[tuple[str, str]] = field(default_factory=list)  # (job id, outcome)
     launched: list[tuple[str, int | None, str]] = field(default_factory=list)  # (job id, gpu, tier)
     waiting: int = 0

@@ -51,6 +51,8 @@ CREATE INDEX IF NOT EXISTS jobs_suite ON jobs(suite, seq);
 CREATE INDEX IF NOT EXISTS jobs_queue ON jobs(state, priority DESC, seq);  -- a tick's candidates, in order
 -- when the next not_before comes (a MIN a tick reads), without walking a long queue
 CREATE INDEX IF NOT EXISTS jobs_not_before ON jobs(state, not_before);
+-- the queued jobs' kinds (status's predictions) by suite, task and tier, without sorting the queue
+CREATE INDEX IF NOT EXISTS jobs_kinds ON jobs(state, attempts, suite, task, tier, seq);
 CREATE TABLE IF NOT EXISTS attempts (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     job_id TEXT NOT NULL REFERENCES jobs(id),

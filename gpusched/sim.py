@@ -42,9 +42,12 @@ import math
 import random
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+import msgspec
+from msgspec import Struct, field
+from msgspec.structs import replace
 
 from gpusched import placement, predict, report
 from gpusched.executors.fake import FakeExecutor
@@ -89,22 +92,23 @@ MODEL_MIB = 4608  # weights + LoRA + optimizer + context of the example model; i
 # --------------------------------------------------------------------------- traces
 
 
-@dataclass(frozen=True, kw_only=True)
-class TierProfile:
+#: a trace job's time to grow to its plateau, where the trace gives none
+RAMP_S = 120.0
+
+
+class TierProfile(Struct, frozen=True, kw_only=True):
     peak_mib: int
     duration_s: float
-    ramp_s: float = 120.0
+    ramp_s: float = RAMP_S
 
 
-@dataclass(frozen=True, kw_only=True)
-class TraceJob:
+class TraceJob(Struct, frozen=True, kw_only=True):
     name: str
     task: str
     tiers: tuple[TierProfile, ...]  # one per tier of the ladder, A first
 
 
-@dataclass(frozen=True, kw_only=True)
-class Outsider:
+class Outsider(Struct, frozen=True, kw_only=True):
     """Someone else's process on a card, from ``start_s`` to ``end_s``."""
 
     gpu: int
@@ -114,8 +118,7 @@ class Outsider:
     pid: int = 0  # 0: assigned by the simulation
 
 
-@dataclass(frozen=True, kw_only=True)
-class Trace:
+class Trace(Struct, frozen=True, kw_only=True):
     jobs: tuple[TraceJob, ...]
     outsiders: tuple[Outsider, ...] = ()
     noise: float = 0.03  # relative spread of each run's peak and duration
@@ -191,9 +194,7 @@ def load_trace(path: str | Path) -> Trace:
 
 
 def trace_to_json(trace: Trace) -> str:
-    from dataclasses import asdict
-
-    doc = asdict(trace)
+    doc = msgspec.to_builtins(trace)
     for o in doc["outsiders"]:
         if o["end_s"] == math.inf:
             o["end_s"] = 1e18
@@ -203,8 +204,7 @@ def trace_to_json(trace: Trace) -> str:
 # --------------------------------------------------------------------------- policies
 
 
-@dataclass(frozen=True, kw_only=True)
-class Policy:
+class Policy(Struct, frozen=True, kw_only=True):
     name: str
     label: str
     assign: Callable[..., placement.Decision] | None = None  # None: placement.assign
@@ -316,8 +316,7 @@ POLICIES = ("static", "ts", "slots", "gpusched")
 # --------------------------------------------------------------------------- results
 
 
-@dataclass(frozen=True, kw_only=True)
-class OomEvent:
+class OomEvent(Struct, frozen=True, kw_only=True):
     at_s: float
     job_id: str
     tier: str
@@ -328,8 +327,7 @@ class OomEvent:
     lost_s: float
 
 
-@dataclass(frozen=True, kw_only=True)
-class SimResult:
+class SimResult(Struct, frozen=True, kw_only=True):
     policy: str
     label: str
     jobs: int
@@ -347,7 +345,7 @@ class SimResult:
     outsider_ooms: int = 0  # outside processes whose allocation failed
     finished: bool = True  # False: stopped at max_s with jobs left
     history_runs: int = 0  # past runs in the store before the night (``Simulation.history``)
-    report: Any = field(default=None, compare=False, repr=False)  # gpusched.report.SuiteReport of the night
+    report: Any = None  # gpusched.report.SuiteReport of the night
 
     @property
     def oom_count(self) -> int:
@@ -405,8 +403,7 @@ def lower_bound_s(trace: Trace, plan: GpuPlan, totals_mib: Sequence[int]) -> flo
 # --------------------------------------------------------------------------- the simulation
 
 
-@dataclass
-class _Run:
+class _Run(Struct):
     token: str
     job_id: str
     tier: int
@@ -431,16 +428,14 @@ class _Run:
         return self.peak_mib if e >= self.spike_s else plateau
 
 
-@dataclass
-class _Gone:
+class _Gone(Struct):
     gpu: int
     pid: int
     mib: int
     until_s: float
 
 
-@dataclass
-class Simulation:
+class Simulation(Struct, dict=True):  # dict: a run's state, set up by run()
     trace: Trace
     plan: GpuPlan
     totals_mib: Sequence[int]

@@ -6,7 +6,7 @@ only :mod:`gpusched.views` calls them.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpusched.errors import StoreError
@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 #: unit separator), its task left out when no job of that task has run anywhere: such a task
 #: has no history to predict from, so all such predict alike, and a suite whose jobs are each
 #: their own task (a plan without ``task:``) asks once per tier, not once per job
-#: (views.queued_predictions).
+#: (views.queued_predictions). Computed per group of queued jobs (:func:`queued_kinds`), not
+#: per job: the entries join their group's prediction by its columns (:data:`Group`).
 _KIND = (
     "CASE WHEN j.attempts > 0 THEN j.id ELSE j.suite || char(31)"
     " || (CASE WHEN j.task IN (SELECT task FROM jobs WHERE attempts > 0) THEN j.task ELSE '' END)"
@@ -28,7 +29,7 @@ _KIND = (
 
 #: The keys of a ``status --json`` job entry (views.py documents them), in order, each with the
 #: SQL that builds it from a job and its newest attempt (``a``), the tier names of its suite
-#: (``t``) and, for a queued job, its kind's prediction (``p``). ``last_line`` (of a running
+#: (``t``) and, for a queued job, its group's prediction (``p``). ``last_line`` (of a running
 #: job's log) is filled in by the caller; ``slurm`` carries a Slurm attempt's job id. A job's
 #: tier past its suite's last (a plan that lost tiers) shows the last one's name.
 ENTRY_FIELDS: dict[str, str] = {
@@ -49,8 +50,8 @@ ENTRY_FIELDS: dict[str, str] = {
     " THEN round(coalesce(a.ended_at, :now) - a.started_at, 1) END",
     "started_at": "a.started_at",
     "ended_at": "j.ended_at",
-    "predicted_mib": "CASE WHEN p.kind IS NULL THEN a.predicted_mib ELSE p.mib END",
-    "prediction_source": "CASE WHEN p.kind IS NULL THEN a.prediction_source ELSE p.source END",
+    "predicted_mib": "CASE WHEN p.suite IS NULL THEN a.predicted_mib ELSE p.mib END",
+    "prediction_source": "CASE WHEN p.suite IS NULL THEN a.prediction_source ELSE p.source END",
     "peak_mib": "a.peak_mib",
     # json('true') is a constant SQLite computes once per query, not a parse per job
     "cancel_requested": "CASE WHEN j.cancel_requested THEN json('true') ELSE json('false') END",
@@ -61,6 +62,9 @@ ENTRY_FIELDS: dict[str, str] = {
     "slurm": "CASE WHEN json_extract(a.handle, '$.slurm_job_id') IS NOT NULL"
     " THEN json_object('job_id', json_extract(a.handle, '$.slurm_job_id')) END",
 }
+#: A group of queued jobs that share a prediction: suite, task, tier, and the job's id for a job
+#: that ran (its own group), ``''`` for all that never did; then the group's kind (:data:`_KIND`).
+Group = tuple[str, str, int, str, str]
 #: The entry keys that come from a queued job's predicted kind: without them no prediction is made.
 PREDICTION_FIELDS = frozenset({"predicted_mib", "prediction_source", "start_tier"})
 #: The entry keys read from the suite's tiers (``t``).
@@ -72,17 +76,33 @@ def _entry(fields: Sequence[str]) -> str:
     return "json_object(" + ", ".join(f"'{k}', {ENTRY_FIELDS[k]}" for k in fields) + ")"
 
 
-def queued_kinds(store: Store, *, suite: str | None = None, limit: int | None = None) -> dict[str, str]:
+def queued_kinds(
+    store: Store, *, suite: str | None = None, limit: int | None = None
+) -> tuple[dict[str, str], list[Group]]:
     """The kinds (:data:`_KIND`) of the queued jobs (of ``suite``; the first ``limit`` of
-    them in submission order), each with the id of a job standing for it."""
-    sql = f"SELECT {_KIND} AS kind, j.id, j.seq FROM jobs j WHERE j.state = 'queued'"
-    args: list[Any] = []
+    them in submission order), each with the id of its first queued job standing for it,
+    and the groups of those jobs (:data:`Group`) with their kinds."""
+    where, args = "state = 'queued'", list[Any]()
     if suite is not None:
-        sql += " AND j.suite = ?"
+        where += " AND suite = ?"
         args.append(suite)
-    sql += " ORDER BY j.seq" + ("" if limit is None else f" LIMIT {int(limit)}")
-    grouped = f"SELECT kind, id, MIN(seq) FROM ({sql}) GROUP BY kind"
-    return {kind: job_id for kind, job_id, _ in store.db.execute(grouped, args)}
+    order = "" if limit is None else f" ORDER BY seq LIMIT {int(limit)}"
+    # The jobs that never ran come one row per suite, task and tier (a walk of the jobs_kinds
+    # index, no sort of the queue), with the kind and id of the group's first job; groups
+    # whose kind leaves the task out (it never ran) share it. A job that ran is its own group.
+    sql = (
+        f"WITH q AS NOT MATERIALIZED (SELECT * FROM jobs WHERE {where}{order})"
+        f" SELECT {_KIND}, j.id, MIN(j.seq), j.suite, j.task, j.tier, '' FROM q j WHERE j.attempts = 0"
+        " GROUP BY j.suite, j.task, j.tier"
+        " UNION ALL SELECT j.id, j.id, j.seq, j.suite, j.task, j.tier, j.id FROM q j WHERE j.attempts > 0"
+    )
+    first: dict[str, tuple[int, str]] = {}
+    groups: list[Group] = []
+    for kind, job_id, seq, *group in store.db.execute(sql, args):
+        if kind not in first or seq < first[kind][0]:
+            first[kind] = (seq, job_id)
+        groups.append((*group, kind))
+    return {kind: job_id for kind, (_, job_id) in first.items()}, groups
 
 
 def job_entries(
@@ -90,7 +110,7 @@ def job_entries(
     *,
     now: float,
     tier_names: Mapping[str, Sequence[str]],
-    predictions: Mapping[str, tuple[int | None, str, str]],
+    predictions: Iterable[tuple[str, str, int, str, int | None, str, str]],
     suite: str | None = None,
     state: str | None = None,
     limit: int | None = None,
@@ -101,13 +121,13 @@ def job_entries(
     ``entry`` being the job's ``status --json`` entry as JSON text (its ``fields``,
     :data:`ENTRY_FIELDS`), built by SQLite: a 10k-job store lists in the time one query
     takes, with no Python object per field. ``tier_names`` maps each suite to its
-    tiers' names; ``predictions`` maps a queued job's kind (:func:`queued_kinds`) to the
-    predicted MiB, its source and the tier it would start at."""
+    tiers' names; ``predictions`` gives each group of queued jobs (:data:`Group`, its first
+    four fields) the predicted MiB, its source and the tier it would start at."""
     db = store.db  # the temp tables live in this connection's own temp database (read-only too)
     db.execute("CREATE TEMP TABLE IF NOT EXISTS shown_tier (suite TEXT, idx INTEGER, name TEXT, n INT)")
     db.execute(
-        "CREATE TEMP TABLE IF NOT EXISTS shown_prediction"
-        " (kind TEXT PRIMARY KEY, mib INTEGER, source TEXT, start_tier TEXT)"
+        "CREATE TEMP TABLE IF NOT EXISTS shown_prediction (suite TEXT, task TEXT, tier INTEGER, id TEXT,"
+        " mib INTEGER, source TEXT, start_tier TEXT, PRIMARY KEY (suite, task, tier, id))"
     )
     db.execute("DELETE FROM temp.shown_tier")
     db.execute("DELETE FROM temp.shown_prediction")
@@ -115,9 +135,7 @@ def job_entries(
         "INSERT INTO temp.shown_tier VALUES (?, ?, ?, ?)",
         [(s, i, name, len(names)) for s, names in tier_names.items() for i, name in enumerate(names)],
     )
-    db.executemany(
-        "INSERT INTO temp.shown_prediction VALUES (?, ?, ?, ?)", [(k, *v) for k, v in predictions.items()]
-    )
+    db.executemany("INSERT INTO temp.shown_prediction VALUES (?, ?, ?, ?, ?, ?, ?)", predictions)
     # the newest attempt is number j.attempts: begin_attempt counts it and inserts it in one
     # transaction (a lookup in attempts(job_id, n), no MAX subquery per job)
     # (SQLite leaves out the attempts join where no field reads it; the temp tables' joins are
@@ -127,7 +145,12 @@ def job_entries(
     if TIER_FIELDS.intersection(fields):
         sql += " LEFT JOIN temp.shown_tier t ON t.suite = j.suite AND t.idx = min(j.tier, t.n - 1)"
     if PREDICTION_FIELDS.intersection(fields):
-        sql += f" LEFT JOIN temp.shown_prediction p ON j.state = 'queued' AND p.kind = {_KIND}"
+        # by columns: a kind built per job (a string, and whether its task ran) cost 2x
+        sql += (
+            " LEFT JOIN temp.shown_prediction p ON j.state = 'queued' AND p.suite = j.suite"
+            " AND p.task = j.task AND p.tier = j.tier"
+            " AND p.id = (CASE WHEN j.attempts > 0 THEN j.id ELSE '' END)"
+        )
     where, args = [], dict[str, Any](now=now)
     for col, value in (("suite", suite), ("state", state)):
         if value is not None:

@@ -13,9 +13,11 @@ import copy
 import json
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
+
+from msgspec import Struct, field
+from msgspec.structs import replace
 
 from gpusched.errors import PlanError, did_you_mean
 from gpusched.model import BatchRule, JobSpec, Suite, Tier
@@ -128,8 +130,7 @@ def _dotted(path: Path_) -> str:
 # --------------------------------------------------------------------------- the ladder
 
 
-@dataclass(frozen=True, kw_only=True)
-class TierLayer:
+class TierLayer(Struct, frozen=True, kw_only=True):
     """One tier as written in a plan: only its *own* additions. ``placement`` holds the
     keys among ``batch``, ``exclusive``, ``min_free_mib`` that the tier sets itself;
     the others are inherited from the tier before it."""
@@ -272,8 +273,7 @@ def _largest_divisor_at_most(n: int, limit: int) -> int:
 # --------------------------------------------------------------------------- resolve
 
 
-@dataclass(frozen=True, kw_only=True)
-class Resolved:
+class Resolved(Struct, frozen=True, kw_only=True):
     """What a job gets at one tier. ``config`` is the full config to write (a fresh dict the
     caller may keep); ``env`` the injected variables only (suite env, which already holds
     DEFAULT_ENV, then job env, then tier env); ``notes`` one human line per injected thing."""

@@ -87,14 +87,16 @@ def status(
         limit = None if table_rows is None else table_rows - len(rows)
         if limit == 0:
             break
-        kinds = {}
+        predicted: list[tuple[str, str, int, str, int | None, str, str]] = []
         if predict and state in (None, "queued"):
-            kinds = status_rows.queued_kinds(store, suite=suite, limit=limit)
+            kinds, groups = status_rows.queued_kinds(store, suite=suite, limit=limit)
+            by_kind = queued_predictions(store, kinds, suites, gpus)
+            predicted = [(*g[:4], *by_kind[g[4]]) for g in groups if g[4] in by_kind]
         rows += status_rows.job_entries(
             store,
             now=now,
             tier_names=tier_names,
-            predictions=queued_predictions(store, kinds, suites, gpus),
+            predictions=predicted,
             suite=suite,
             state=state,
             limit=limit,
@@ -142,7 +144,7 @@ def status(
     if fields is not None and any(state == "running" for state, _, _ in rows):
         # a running job's entry is completed from keys that may not be among ``fields``
         full = status_rows.job_entries(
-            store, now=now, tier_names=tier_names, predictions={}, suite=suite, state="running"
+            store, now=now, tier_names=tier_names, predictions=(), suite=suite, state="running"
         )
         narrowed = {
             job_id: json.dumps({k: d[k] for k in keys})

@@ -21,13 +21,13 @@ Ramp-up times are not recorded, so every job ramps as :class:`sim.TierProfile`'s
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from gpusched import predict, sim
 
 
-@dataclass(frozen=True, kw_only=True)
-class HistoryTrace:
+class HistoryTrace(Struct, frozen=True, kw_only=True):
     """A trace and where its figures came from."""
 
     trace: sim.Trace
@@ -111,7 +111,7 @@ def _profiles(
     peak_k, seconds_k = known[lowest]
     if seconds_k is None:  # a peak without a run time (no start recorded): the nearest tier's
         seconds_k = next((s for _, (_, s) in sorted(known.items()) if s is not None), 3600.0)
-    ladder = sim.ladder_profiles(*_tier_a(peak_k, seconds_k, lowest), sim.TierProfile.ramp_s, tiers)
+    ladder = sim.ladder_profiles(*_tier_a(peak_k, seconds_k, lowest), sim.RAMP_S, tiers)
     out = []
     for t, derived in enumerate(ladder):
         peak, seconds = known.get(t, (derived.peak_mib, derived.duration_s))

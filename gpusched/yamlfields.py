@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+from msgspec import Struct
 
 from gpusched import tiers
 from gpusched.errors import PlanError, did_you_mean
@@ -26,8 +26,7 @@ SCALARS = (str, int, float, bool)
 # --------------------------------------------------------------------------- error locations
 
 
-@dataclass(frozen=True)
-class Where:
+class Where(Struct, frozen=True):
     """A place in a plan file; :meth:`error` builds the one-line PlanError for it."""
 
     file: str

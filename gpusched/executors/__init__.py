@@ -8,9 +8,10 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+from msgspec import Struct, field
 
 from gpusched import proc
 
@@ -22,8 +23,7 @@ Handle = dict[str, Any]
 WRAPPER = Path(__file__).resolve().parent.parent / "wrap.sh"
 
 
-@dataclass(frozen=True, kw_only=True)
-class LaunchRequest:
+class LaunchRequest(Struct, frozen=True, kw_only=True):
     job_id: str  # "E1/87-glue-tvt_qnli"
     suite: str  # "E1" (tmux session name)
     job_name: str  # "87-glue-tvt_qnli" (tmux window name)

@@ -5,15 +5,15 @@ real wrapper would end it: output.log and exit.json in the attempt directory."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
+
+from msgspec import Struct, field
 
 from gpusched.attempt import AttemptPaths
 from gpusched.executors import Handle, LaunchRequest
 
 
-@dataclass
-class FakeExecutor:
+class FakeExecutor(Struct):
     name: str = "fake"
     launched: list[LaunchRequest] = field(default_factory=list)
     live: dict[str, Handle] = field(default_factory=dict)  # token -> handle

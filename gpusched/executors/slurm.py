@@ -29,9 +29,11 @@ import shlex
 import shutil
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from msgspec import Struct
+from msgspec.structs import replace
 
 from gpusched import proc
 from gpusched.errors import CommandFailed, ExecutorError
@@ -71,8 +73,7 @@ _PURGED_MARK = "Invalid job id specified"
 _KEY = re.compile(r"(?:^|(?<=\s))([A-Za-z][A-Za-z0-9_:/]*)=")
 
 
-@dataclass(frozen=True, kw_only=True)
-class SlurmJobInfo:
+class SlurmJobInfo(Struct, frozen=True, kw_only=True):
     """What Slurm says about one job. ``None`` where the source does not tell
     (``squeue -o`` has no exit code; a pending job has no node)."""
 

@@ -22,8 +22,9 @@ import shutil
 import stat
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from msgspec import Struct
 
 from gpusched import proc
 from gpusched.errors import CommandFailed, ExecutorError
@@ -148,8 +149,7 @@ def attach_args(handle: Handle) -> list[str]:
     return ["attach-session", "-t", handle["session"], ";", "select-window", "-t", handle["window"]]
 
 
-@dataclass(frozen=True)
-class PaneRow:
+class PaneRow(Struct, frozen=True):
     """One line of ``list-panes -a -F _ROW``."""
 
     token: str

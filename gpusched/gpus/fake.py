@@ -16,9 +16,10 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from msgspec import Struct
 
 from gpusched.errors import PlanError
 from gpusched.model import MIB_PER_GIB, GpuProcess, GpuState
@@ -31,8 +32,7 @@ _GROUP = re.compile(r"^\s*(\d+)\s*x\s*(\d+(?:\.\d+)?)\s*(gib|gb|g|mib|mb|m)\s*$"
 _MIB_PER_UNIT = {"gib": MIB_PER_GIB, "gb": MIB_PER_GIB, "g": MIB_PER_GIB, "mib": 1, "mb": 1, "m": 1}
 
 
-@dataclass(frozen=True, kw_only=True)
-class FakeUsage:
+class FakeUsage(Struct, frozen=True, kw_only=True):
     """Memory held on one fake GPU by processes the scheduler did not start."""
 
     used_mib: int = 0

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
+
+import msgspec
 
 from gpusched.home import Home
 from gpusched.model import GpuProcess, GpuState
@@ -28,7 +29,7 @@ def path(home: Home) -> Path:
 
 def publish(home: Home, gpus: Sequence[GpuState], *, notice: str | None, now: float) -> None:
     """Write ``gpus`` (and the probe's notice) as seen at ``now``, atomically."""
-    doc = {"at": now, "notice": notice, "gpus": [asdict(g) for g in gpus]}
+    doc = {"at": now, "notice": notice, "gpus": msgspec.to_builtins(gpus)}
     target = path(home)
     tmp = target.with_name(target.name + ".tmp")
     tmp.write_text(json.dumps(doc))

@@ -8,10 +8,10 @@ import re
 import shutil
 import subprocess
 import uuid
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace
 
 from gpusched.attempt import AttemptPaths
 from gpusched.errors import ExecutorError

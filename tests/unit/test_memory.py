@@ -4,9 +4,9 @@ the tier ladder learned across tasks, start safer, pack down, holds, never deadl
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import pytest
+from msgspec.structs import replace
 
 from gpusched import memory, memwatch
 from gpusched.memory import Holding, HostLimit, HostMemory, Tree

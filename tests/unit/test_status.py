@@ -10,10 +10,10 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace
 
 from gpusched import memwatch, status_rows
 from gpusched.attempt import AttemptPaths
@@ -218,7 +218,7 @@ def test_queued_jobs_get_the_prediction_demands_gives_each_of_them(tmp_path: Pat
     )
     box.submit(replace(solo, jobs=(*solo.jobs, JobSpec(suite="solo", name="q", task="qnli"))))
     # the five untried tasks ask once; qnli ran
-    assert len(status_rows.queued_kinds(box.store, suite="solo")) == 2
+    assert len(status_rows.queued_kinds(box.store, suite="solo")[0]) == 2
     doc = box.status()
     queued = [j for j in box.store.jobs() if j.state.value == "queued"]
     assert any(j.attempts for j in queued) and len({j.task for j in queued}) == 3 + 5

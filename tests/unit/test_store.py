@@ -6,6 +6,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from msgspec.structs import asdict
 
 from gpusched.errors import IllegalTransition, StoreError, UsageError
 from gpusched.model import (
@@ -194,7 +195,7 @@ def test_retry_requeues_only_finished_jobs(store: Store) -> None:
 
 def test_a_failed_submit_leaves_nothing_half_enqueued(store: Store) -> None:
     bad = make_suite()
-    dup = Suite(**{**bad.__dict__, "jobs": (*bad.jobs, bad.jobs[0])})  # duplicate id -> UNIQUE violation
+    dup = Suite(**{**asdict(bad), "jobs": (*bad.jobs, bad.jobs[0])})  # duplicate id -> UNIQUE violation
     with pytest.raises(sqlite3.IntegrityError):
         submit(store, dup)
     assert store.jobs() == [] and store.suite("E1") is None

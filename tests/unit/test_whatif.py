@@ -42,7 +42,7 @@ def test_tiers_never_run_follow_the_ladder_from_the_tiers_that_did() -> None:
     peaks = {"mnli": [ok("1-mnli", "mnli", 0, 13)]}
     runs = {"mnli": [ran("1-mnli", "mnli", 0, 90)]}
     (job,) = trace_from_history(jobs(("2-mnli", "mnli")), 4, peaks, runs).trace.jobs
-    ladder = sim.ladder_profiles(13 * GIB, 90 * 60, sim.TierProfile.ramp_s)
+    ladder = sim.ladder_profiles(13 * GIB, 90 * 60, sim.RAMP_S)
     assert job.tiers == ladder
     assert [t.peak_mib for t in job.tiers] == sorted((t.peak_mib for t in job.tiers), reverse=True)
 
