@@ -27,6 +27,10 @@ _KIND = (
     " || char(31) || j.tier END"
 )
 
+#: A job's tier past its suite's last (a plan that lost tiers): the last one's row (its ``idx`` -1),
+#: looked up only then (coalesce stops at the first value); the tier of its own index is a key lookup.
+_LAST_TIER = "FROM temp.shown_tier l WHERE l.suite = j.suite AND l.idx = -1"
+
 #: The keys of a ``status --json`` job entry (views.py documents them), in order, each with the
 #: SQL that builds it from a job and its newest attempt (``a``), the tier names of its suite
 #: (``t``) and, for a queued job, its group's prediction (``p``). ``last_line`` (of a running
@@ -37,7 +41,7 @@ ENTRY_FIELDS: dict[str, str] = {
     "suite": "j.suite",
     "name": "j.name",
     "state": "j.state",
-    "tier": "coalesce(t.name, CAST(j.tier AS TEXT))",
+    "tier": f"coalesce(t.name, (SELECT name {_LAST_TIER}), CAST(j.tier AS TEXT))",
     "tier_index": "j.tier",
     "attempt": "j.attempts",
     "gpu": "a.gpu",
@@ -56,7 +60,7 @@ ENTRY_FIELDS: dict[str, str] = {
     # json('true') is a constant SQLite computes once per query, not a parse per job
     "cancel_requested": "CASE WHEN j.cancel_requested THEN json('true') ELSE json('false') END",
     "backend_handle": "json(a.handle)",
-    "tiers": "coalesce(t.n, 1)",
+    "tiers": f"coalesce(t.n, (SELECT n {_LAST_TIER}), 1)",
     "start_tier": "p.start_tier",
     "last_line": "NULL",
     "slurm": "CASE WHEN json_extract(a.handle, '$.slurm_job_id') IS NOT NULL"
@@ -124,16 +128,23 @@ def job_entries(
     tiers' names; ``predictions`` gives each group of queued jobs (:data:`Group`, its first
     four fields) the predicted MiB, its source and the tier it would start at."""
     db = store.db  # the temp tables live in this connection's own temp database (read-only too)
-    db.execute("CREATE TEMP TABLE IF NOT EXISTS shown_tier (suite TEXT, idx INTEGER, name TEXT, n INT)")
+    db.execute(
+        "CREATE TEMP TABLE IF NOT EXISTS shown_tier"
+        " (suite TEXT, idx INTEGER, name TEXT, n INT, PRIMARY KEY (suite, idx)) WITHOUT ROWID"
+    )
     db.execute(
         "CREATE TEMP TABLE IF NOT EXISTS shown_prediction (suite TEXT, task TEXT, tier INTEGER, id TEXT,"
-        " mib INTEGER, source TEXT, start_tier TEXT, PRIMARY KEY (suite, task, tier, id))"
+        " mib INTEGER, source TEXT, start_tier TEXT, PRIMARY KEY (suite, task, tier, id)) WITHOUT ROWID"
     )
     db.execute("DELETE FROM temp.shown_tier")
     db.execute("DELETE FROM temp.shown_prediction")
     db.executemany(
         "INSERT INTO temp.shown_tier VALUES (?, ?, ?, ?)",
-        [(s, i, name, len(names)) for s, names in tier_names.items() for i, name in enumerate(names)],
+        [
+            (s, i, name, len(names))
+            for s, names in tier_names.items()
+            for i, name in [*enumerate(names), *[(-1, names[-1])] * bool(names)]
+        ],
     )
     db.executemany("INSERT INTO temp.shown_prediction VALUES (?, ?, ?, ?, ?, ?, ?)", predictions)
     # the newest attempt is number j.attempts: begin_attempt counts it and inserts it in one
@@ -143,7 +154,7 @@ def job_entries(
     sql = f"SELECT j.state, CASE WHEN j.state = 'running' THEN j.id END, {_entry(fields)} FROM jobs j"
     sql += " LEFT JOIN attempts a ON a.job_id = j.id AND a.n = j.attempts"
     if TIER_FIELDS.intersection(fields):
-        sql += " LEFT JOIN temp.shown_tier t ON t.suite = j.suite AND t.idx = min(j.tier, t.n - 1)"
+        sql += " LEFT JOIN temp.shown_tier t ON t.suite = j.suite AND t.idx = j.tier"
     if PREDICTION_FIELDS.intersection(fields):
         # by columns: a kind built per job (a string, and whether its task ran) cost 2x
         sql += (
