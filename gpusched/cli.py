@@ -404,7 +404,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         from gpusched.views import status
 
         gpus, kwargs = _status_sources(args)
-        print(status(store, gpus, fields=fields, **kwargs).text())
+        status(store, gpus, fields=fields, **kwargs).write(sys.stdout)
         return 0
     from gpusched.views import MAX_TABLE_JOBS, format_status
 

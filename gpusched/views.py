@@ -14,8 +14,8 @@ import os
 import time
 import unicodedata
 from collections import Counter
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TextIO
 
 from gpusched import memory, memwatch, status_rows
 from gpusched.model import GpuState
@@ -28,6 +28,9 @@ TABLE_ORDER = ("running", "failed", "queued", "cancelled", "succeeded")  # what 
 
 def gib(mib: int | None) -> str:
     return "?" if mib is None else f"{mib / 1024:.1f}"
+
+
+_PIECE = 512  # entries written at a time (~200 KiB)
 
 
 class Status:
@@ -45,8 +48,21 @@ class Status:
     def text(self) -> str:
         """``json.dumps(self.doc())``, the entries spliced in as they are: 10k of them never
         become Python objects."""
+        return "".join(self._pieces())
+
+    def write(self, out: TextIO) -> None:
+        """:meth:`text` and a newline, written to ``out`` a piece at a time: 10k entries (4 MB)
+        are not copied into one string, then into a bigger one, then into its bytes."""
+        for piece in self._pieces():
+            out.write(piece)
+        out.write("\n")
+
+    def _pieces(self) -> Iterator[str]:
         head = json.dumps(self.head, default=str)
-        return f'{head[:-1]}, "jobs": [{", ".join(self.entries)}]}}'
+        yield f'{head[:-1]}, "jobs": ['
+        for i in range(0, len(self.entries), _PIECE):
+            yield (", " if i else "") + ", ".join(self.entries[i : i + _PIECE])
+        yield "]}"
 
 
 #: A kind's prediction as status shows it: predicted MiB, its source, the tier it would start at.
