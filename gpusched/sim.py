@@ -183,17 +183,24 @@ def load_trace(path: str | Path) -> Trace:
     jobs = []
     for j in raw.get("jobs", []):
         if "tiers" in j:
-            profiles = tuple(TierProfile(**t) for t in j["tiers"])
+            profiles = tuple(TierProfile(**_numbers(t, ints=("peak_mib",))) for t in j["tiers"])
         else:
             profiles = ladder_profiles(
                 int(j["peak_mib"]), float(j["duration_s"]), float(j.get("ramp_s", 120))
             )
         jobs.append(TraceJob(name=str(j["name"]), task=str(j.get("task", j["name"])), tiers=profiles))
-    outsiders = tuple(Outsider(**o) for o in raw.get("outsiders", []))
+    outsiders = tuple(Outsider(**_numbers(o, ints=("gpu", "mib", "pid"))) for o in raw.get("outsiders", []))
     return Trace(jobs=tuple(jobs), outsiders=outsiders, noise=float(raw.get("noise", 0.03)))
 
 
+def _numbers(fields: Mapping[str, Any], *, ints: tuple[str, ...]) -> dict[str, Any]:
+    """A trace record's fields as numbers, ``ints`` as int and the rest float: YAML reads
+    ``1e+18`` (what :func:`trace_to_json` writes for an outsider that never leaves) as text."""
+    return {k: int(v) if k in ints else float(v) for k, v in fields.items()}
+
+
 def trace_to_json(trace: Trace) -> str:
+    """``trace`` as JSON that :func:`load_trace` reads back (an endless outsider ends at 1e18 s)."""
     doc = msgspec.to_builtins(trace)
     for o in doc["outsiders"]:
         if o["end_s"] == math.inf:

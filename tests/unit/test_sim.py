@@ -283,3 +283,29 @@ def test_the_baselines_leave_waiting_jobs_in_the_scheduler_s_queue_order() -> No
         waits = [by_id[w.job_id] for w in decision.waits]
         assert len(waits) == 4, name
         assert waits == sorted(waits, key=placement.job_order), name
+
+
+def test_a_trace_written_by_trace_to_json_reads_back_as_the_same_trace(tmp_path: Path) -> None:
+    """``benchmarks/placement.py --trace-out`` writes a trace for ``gpusched simulate --trace``.
+    An outsider that never leaves is written ending at 1e18 s, which YAML (the reader) takes
+    for text unless read as a number: it must come back as the same trace, numbers as numbers."""
+    import math
+
+    trace = sim.Trace(
+        jobs=sim.synthetic_trace([("1-qnli", "qnli"), ("2-mnli", "mnli")], seed=3).jobs,
+        outsiders=(sim.Outsider(gpu=1, mib=8000, start_s=60.0), sim.Outsider(gpu=0, mib=300, end_s=7200.0)),
+        noise=0.05,
+    )
+    path = tmp_path / "trace.json"
+    path.write_text(sim.trace_to_json(trace))
+    back = sim.load_trace(path)
+    assert back.outsiders[0].end_s == 1e18 and isinstance(back.outsiders[0].end_s, float)
+    assert back == sim.Trace(
+        jobs=trace.jobs,
+        outsiders=(sim.Outsider(gpu=1, mib=8000, start_s=60.0, end_s=1e18), trace.outsiders[1]),
+        noise=0.05,
+    )
+    assert math.isinf(trace.outsiders[0].end_s)  # the trace itself is not changed
+    path.write_text('{"jobs": [{"name": "a", "tiers": [{"peak_mib": "lots", "duration_s": 60}]}]}')
+    with pytest.raises(ValueError):
+        sim.load_trace(path)  # not a number: an error the CLI turns into one line
