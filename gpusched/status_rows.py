@@ -69,6 +69,9 @@ ENTRY_FIELDS: dict[str, str] = {
 #: A group of queued jobs that share a prediction: suite, task, tier, and the job's id for a job
 #: that ran (its own group), ``''`` for all that never did; then the group's kind (:data:`_KIND`).
 Group = tuple[str, str, int, str, str]
+#: A group's prediction as the entries join it: the group's first four fields, then the predicted
+#: MiB, its source and the tier its jobs would start at.
+PredictedGroup = tuple[str, str, int, str, int | None, str, str]
 #: The entry keys that come from a queued job's predicted kind: without them no prediction is made.
 PREDICTION_FIELDS = frozenset({"predicted_mib", "prediction_source", "start_tier"})
 #: The entry keys read from the suite's tiers (``t``).
@@ -114,7 +117,7 @@ def job_entries(
     *,
     now: float,
     tier_names: Mapping[str, Sequence[str]],
-    predictions: Iterable[tuple[str, str, int, str, int | None, str, str]],
+    predictions: Iterable[PredictedGroup],
     suite: str | None = None,
     state: str | None = None,
     limit: int | None = None,
@@ -125,8 +128,8 @@ def job_entries(
     ``entry`` being the job's ``status --json`` entry as JSON text (its ``fields``,
     :data:`ENTRY_FIELDS`), built by SQLite: a 10k-job store lists in the time one query
     takes, with no Python object per field. ``tier_names`` maps each suite to its
-    tiers' names; ``predictions`` gives each group of queued jobs (:data:`Group`, its first
-    four fields) the predicted MiB, its source and the tier it would start at."""
+    tiers' names; ``predictions`` gives each group of queued jobs its prediction
+    (:data:`PredictedGroup`)."""
     db = store.db  # the temp tables live in this connection's own temp database (read-only too)
     db.execute(
         "CREATE TEMP TABLE IF NOT EXISTS shown_tier"
@@ -138,14 +141,12 @@ def job_entries(
     )
     db.execute("DELETE FROM temp.shown_tier")
     db.execute("DELETE FROM temp.shown_prediction")
-    db.executemany(
-        "INSERT INTO temp.shown_tier VALUES (?, ?, ?, ?)",
-        [
-            (s, i, name, len(names))
-            for s, names in tier_names.items()
-            for i, name in [*enumerate(names), *[(-1, names[-1])] * bool(names)]
-        ],
-    )
+    tiers = []
+    for suite_name, names in tier_names.items():
+        tiers += [(suite_name, i, name, len(names)) for i, name in enumerate(names)]
+        if names:  # the last one's row again, for a job whose tier is past it (_LAST_TIER)
+            tiers.append((suite_name, -1, names[-1], len(names)))
+    db.executemany("INSERT INTO temp.shown_tier VALUES (?, ?, ?, ?)", tiers)
     db.executemany("INSERT INTO temp.shown_prediction VALUES (?, ?, ?, ?, ?, ?, ?)", predictions)
     # the newest attempt is number j.attempts: begin_attempt counts it and inserts it in one
     # transaction (a lookup in attempts(job_id, n), no MAX subquery per job)

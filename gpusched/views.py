@@ -103,7 +103,7 @@ def status(
         limit = None if table_rows is None else table_rows - len(rows)
         if limit == 0:
             break
-        predicted: list[tuple[str, str, int, str, int | None, str, str]] = []
+        predicted: list[status_rows.PredictedGroup] = []
         if predict and state in (None, "queued"):
             kinds, groups = status_rows.queued_kinds(store, suite=suite, limit=limit)
             by_kind = queued_predictions(store, kinds, suites, gpus)
