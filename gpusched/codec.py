@@ -14,8 +14,8 @@ import msgspec
 from gpusched.model import BatchKeys, BatchRule, JobSpec, ResumeSpec, RetryPolicy, Suite, Tier
 
 
-def _known(cls: type, d: dict[str, Any]) -> dict[str, Any]:
-    names = cls.__struct_fields__  # type: ignore[attr-defined]
+def _known(cls: type[msgspec.Struct], d: dict[str, Any]) -> dict[str, Any]:
+    names = cls.__struct_fields__
     return {k: v for k, v in d.items() if k in names}
 
 
