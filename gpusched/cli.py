@@ -241,6 +241,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     cwd = Path.cwd()
     home = _home()
+    daemon.check_env()  # before anything is queued: the daemon this may start reads these
     probe_spec = _probe_spec(args.fake_gpus)
     suite = plan.load_suite(args.suite, cwd=cwd, name=args.name)
     suite = flags.select_jobs(suite, pairs=args.pairs, only=args.only)

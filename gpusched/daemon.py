@@ -82,6 +82,7 @@ def start(home: Home, *, probe: str | None = None, timeout_s: float = 15.0) -> d
     current = info(home)
     if current is not None:
         return current
+    check_env()
     home.ensure()
     argv = [sys.executable, "-m", "gpusched", "daemon", "run"]
     if probe:
@@ -266,13 +267,39 @@ def _cancel_grace_s() -> float:
     raw = os.environ.get(CANCEL_GRACE_ENV, "").strip()
     if raw:
         try:
-            value = float(raw)
-            if value >= 0 and value == value:  # not negative, not NaN
-                return value
+            return _parse_grace(raw)
         except ValueError:
-            pass
-        log.warning("%s=%r is not a number of seconds >= 0; using the default", CANCEL_GRACE_ENV, raw)
+            log.warning("%s=%r is not a number of seconds >= 0; using the default", CANCEL_GRACE_ENV, raw)
     return Settings().cancel_grace_s
+
+
+def _parse_grace(raw: str) -> float:
+    value = float(raw)
+    if not value >= 0:  # negative, or NaN
+        raise ValueError(raw)
+    return value
+
+
+def check_env() -> None:
+    """Refuse, in one line, a setting in the environment that a daemon started from here
+    would read: ``submit`` and ``daemon start`` call this before they change anything, so a
+    typo is not found hours later as a default quietly used."""
+    from gpusched import disk, memory, memwatch
+    from gpusched.errors import UsageError
+
+    settings = (
+        (memwatch.HOST_MIN_ENV, memory.parse_host_min, "like 4GiB, 10%, 4GiB,10% or 0 (off)"),
+        (disk.DISK_MIN_ENV, disk.parse_disk_min, "like 1GiB, 5%, 1GiB,5% or 0 (off)"),
+        (CANCEL_GRACE_ENV, _parse_grace, "a number of seconds >= 0"),
+    )
+    for name, parse, expected in settings:
+        raw = os.environ.get(name, "").strip()
+        if not raw:
+            continue
+        try:
+            parse(raw)
+        except ValueError:
+            raise UsageError(f"{name}={raw!r} in the environment: not {expected}; fix or unset it") from None
 
 
 def _wait(fifo: int, timeout_s: float) -> None:

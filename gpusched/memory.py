@@ -539,14 +539,17 @@ def parse_host_min(text: str) -> HostLimit:
     Raises ``ValueError`` naming the accepted forms."""
     mib, frac = 0, 0.0
     for part in (p.strip().lower() for p in text.split(",") if p.strip()):
-        if part.endswith("%"):
-            frac = float(part[:-1]) / 100
-        elif part.endswith(("gib", "gb", "g")):
-            mib = int(float(part.rstrip("gib").rstrip("b") or "0") * MIB_PER_GIB)
-        elif part.endswith(("mib", "mb", "m")):
-            mib = int(float(part.rstrip("mib").rstrip("b") or "0"))
-        else:
-            mib = int(float(part))  # bare number: MiB ("0" turns the check off)
+        try:
+            if part.endswith("%"):
+                frac = float(part[:-1]) / 100
+            elif part.endswith(("gib", "gb", "g")):
+                mib = int(float(part.rstrip("gib").rstrip("b") or "0") * MIB_PER_GIB)
+            elif part.endswith(("mib", "mb", "m")):
+                mib = int(float(part.rstrip("mib").rstrip("b") or "0"))
+            else:
+                mib = int(float(part))  # bare number: MiB ("0" turns the check off)
+        except OverflowError:  # "infGiB"
+            raise ValueError(text) from None
     if mib < 0 or not 0 <= frac < 1:
         raise ValueError(text)
     return HostLimit(min_mib=mib, min_frac=frac)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -18,7 +19,7 @@ from pathlib import Path
 from msgspec import Struct, field
 from msgspec.structs import replace
 
-from gpusched import memory, memwatch, outcome, placement, predict
+from gpusched import disk, memory, memwatch, outcome, placement, predict
 from gpusched.attempt import AttemptPaths, materialize
 from gpusched.errors import GpuschedError
 from gpusched.executors import Executor, Handle, LaunchRequest, launch_many
@@ -51,6 +52,7 @@ class Settings(Struct, kw_only=True):
     start_safer: bool = True  # start at the first tier whose predicted peak fits a card (memory.start_tier)
     fit_share: bool = True  # ... and, once peaks are learned, fits a slot's share of it
     host: memory.HostLimit = field(default_factory=memwatch.host_limit_from_env)  # launches wait below this
+    disk_min: disk.DiskLimit = field(default_factory=disk.disk_limit_from_env)  # ... and on a suite's disk
     cancel_grace_s: float = 10.0  # SIGTERM, then SIGKILL to the group after this long
     max_lost: int = 3
     wake_path: str | None = None  # FIFO the wrapper pokes when a job ends
@@ -91,17 +93,22 @@ class Scheduler:
         on_event: Callable[[str], None] | None = None,
         process_trees: memwatch.TreesFn | None = None,
         host_memory: memwatch.HostFn | None = None,
+        disk_free: Callable[[str], disk.DiskFree] | None = None,
         assign: AssignFn | None = None,
     ) -> None:
-        """``process_trees``, ``host_memory`` (defaults: the real process table and psutil)
-        and ``assign`` (default :func:`placement.assign`; see :data:`AssignFn`) are seams for
-        the simulator."""
+        """``process_trees``, ``host_memory``, ``disk_free`` (defaults: the real process
+        table, psutil and ``statvfs``) and ``assign`` (default :func:`placement.assign`; see
+        :data:`AssignFn`) are seams for the simulator and tests."""
         self.store = store
         self.probe = probe
         self.executors = executors  # not a copy: the daemon's makes a backend on first use
         self.settings = settings or Settings()
         self.on_event = on_event or (lambda msg: log.info("%s", msg))
         self.assign = assign or placement.assign
+        self.disk_free = disk_free or disk.disk_free
+        self._paused: tuple[float, str] | None = None  # (until, why): launches pause after a machine failure
+        self._machine_failures = 0  # launch failures for want of a machine resource, in a row
+        self._launch_flag = store.flag(disk.LAUNCH_WAIT_FLAG)  # as last written, to write only changes
         self.memory = memwatch.MemoryWatch(
             store,
             trees=process_trees,
@@ -129,7 +136,10 @@ class Scheduler:
         gpus = self._snapshot() if snapshot is None else snapshot
         self.last_snapshot = gpus
         att = self.memory.measure(live, gpus, now)
+        paused = self._paused
         self._place(live, gpus, att, now, report)
+        if self._paused is not paused:  # a launch failed for want of a resource: say so now
+            self._launchable(self._candidates(now), now)
         return report
 
     def _snapshot(self) -> list[GpuState]:
@@ -266,7 +276,7 @@ class Scheduler:
     ) -> None:
         if self.store.flag("draining"):
             return  # `gpusched drain`: running jobs finish, nothing new starts
-        queued = self._candidates(now)
+        queued = self._launchable(self._candidates(now), now)
         if not queued:
             return
         backends = {s: self._backend(s) for s in {j.suite for j in queued}}  # once per suite, not per job
@@ -382,6 +392,34 @@ class Scheduler:
         self._launch(launches, [], now, report)
         self.store.set_waits(waits)
 
+    def _launchable(self, queued: list[JobRow], now: float) -> list[JobRow]:
+        """``queued`` less the jobs that wait for the machine: all of them while launches are
+        paused after a machine failure, a suite's while its logs or working directory's disk
+        is low (:mod:`gpusched.disk`). Records why they wait, for ``status``."""
+        waits: dict[str, str] = {}
+        if self._paused is not None and now < self._paused[0]:
+            why = self._paused[1]
+            waits = {j.id: why for j in queued}
+        elif queued:
+            low: dict[str, str] = {}
+            for name in {j.suite for j in queued}:
+                suite_row = self._suite(name)
+                if suite_row is None:
+                    continue
+                for path in dict.fromkeys((suite_row.suite.logs_dir, suite_row.suite.workdir)):
+                    why_low = disk.disk_wait(self.disk_free(path), self.settings.disk_min)
+                    if why_low is not None:
+                        low[name] = why_low
+                        break
+            waits = {j.id: low[j.suite] for j in queued if j.suite in low}
+        self.store.set_waits(waits)  # the jobs' reasons first: status shows the flag with them
+        flag = "; ".join(dict.fromkeys(waits.values())) or None
+        if flag != self._launch_flag:
+            self.store.set_flag(disk.LAUNCH_WAIT_FLAG, flag)
+            self.on_event(f"launches wait: {flag}" if flag else "launches resume")
+            self._launch_flag = flag
+        return [j for j in queued if j.id not in waits] if waits else queued
+
     def _candidates(self, now: float) -> list[JobRow]:
         """The first ``candidates`` queued jobs that may start at ``now``. Read again only when
         the database changed (a commit by another connection moves ``data_version``, one by ours
@@ -484,11 +522,15 @@ class Scheduler:
             except Exception as e:  # the backend itself is missing or broken
                 handles = [e] * len(group)
             started += zip(group, handles, strict=True)
+        machine: list[str] = []  # launches that failed for want of a machine resource
         with self.store.tx():
             for b, handle in started:
                 if isinstance(handle, Exception):
                     log.error("launch of %s failed", b.job.id, exc_info=handle)
-                    self._launch_failed(b.attempt_id, b.job, handle, now)
+                    err = disk.machine_error(handle)
+                    if err is not None:
+                        machine.append(f"the launch of {b.job.id} failed: {err} (in {b.paths.dir})")
+                    self._launch_failed(b.attempt_id, b.job, handle, now, uncharged=err is not None)
                     continue
                 self.store.mark_running(b.attempt_id, handle, now=now)
                 tier = b.suite_row.suite.tiers[b.placement.tier]
@@ -496,6 +538,21 @@ class Scheduler:
                 where = f"GPU {b.placement.gpu}" if b.placement.gpu is not None else "no GPU"
                 n, why = b.job.attempts + 1, b.placement.reason
                 self.on_event(f"{b.job.id}: attempt {n} tier {tier.name} on {where} ({why})")
+        if machine:
+            self._pause(machine[0], now)
+        elif started:
+            self._machine_failures = 0
+
+    def _pause(self, failure: str, now: float) -> None:
+        """Pause every launch after one failed for want of a machine resource (a full disk,
+        no file handles or processes left): 10 s, doubling while it keeps failing, at most
+        5 min. The jobs wait queued, uncharged, instead of failing the queue in a minute."""
+        self._machine_failures += 1
+        pause = disk.pause_s(self._machine_failures)
+        until = now + pause
+        clock = time.strftime("%H:%M:%S", time.localtime(until))
+        self._paused = (until, f"paused until {clock} ({pause:.0f} s) after {failure}")
+        self.on_event(f"launches pause {pause:.0f} s: {failure}")
 
     def _begin(
         self, job: JobRow, p: Placement, gpus: list[GpuState], now: float, pred: predict.Prediction | None
@@ -546,8 +603,22 @@ class Scheduler:
             options=dict(self._suite(job.suite).options),  # type: ignore[union-attr]
         )
 
-    def _launch_failed(self, attempt_id: int, job: JobRow, err: Exception, now: float) -> None:
+    def _launch_failed(
+        self, attempt_id: int, job: JobRow, err: Exception, now: float, *, uncharged: bool = False
+    ) -> None:
+        """A launch that failed: requeued at the same tier, counted as a loss (three fail the
+        job) unless ``uncharged`` (the machine ran short of something; nothing of the job ran)."""
         result = Classification(outcome=Outcome.LOST, reason=f"launch failed: {err}")
+        if uncharged:
+            step = Step(
+                kind=StepKind.REQUEUE,
+                tier=job.tier,
+                reason=f"launch failed, requeued (the machine's fault: not counted as lost): {err}",
+            )
+            self.store.finish_attempt(
+                attempt_id, exit=None, result=result, step=step, now=now, count_lost=False
+            )
+            return
         lost = job.lost + 1
         if lost >= self.settings.max_lost:
             step = Step(kind=StepKind.FAIL, tier=job.tier, reason=f"launch failed {lost} times: {err}")

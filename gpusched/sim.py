@@ -49,7 +49,7 @@ import msgspec
 from msgspec import Struct, field
 from msgspec.structs import replace
 
-from gpusched import placement, predict, report
+from gpusched import disk, placement, predict, report
 from gpusched.executors.fake import FakeExecutor
 from gpusched.gpus.fake import FakeProbe, FakeUsage
 from gpusched.memory import HostMemory
@@ -442,6 +442,10 @@ class _Gone(Struct):
     until_s: float
 
 
+def _roomy_disk(path: str) -> disk.DiskFree:
+    return disk.DiskFree(path=path, free_mib=None, total_mib=None, free_inodes=None)  # unknown: never waits
+
+
 class Simulation(Struct, dict=True):  # dict: a run's state, set up by run()
     trace: Trace
     plan: GpuPlan
@@ -501,6 +505,7 @@ class Simulation(Struct, dict=True):  # dict: a run's state, set up by run()
             on_event=self.events.append,
             process_trees=self._trees,
             host_memory=lambda: HostMemory(available_mib=200 * MIB_PER_GIB, total_mib=251 * MIB_PER_GIB),
+            disk_free=_roomy_disk,  # a "what if" does not depend on this machine's disk
             assign=self.policy.assign,
         )
         try:

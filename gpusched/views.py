@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
 from gpusched import memory, memwatch, status_rows
+from gpusched.disk import LAUNCH_WAIT_FLAG
 from gpusched.model import GpuState
 from gpusched.placement import DEFAULT_HEADROOM_FRAC
 from gpusched.store import AttemptRow, Store, SuiteRow
@@ -155,6 +156,7 @@ def status(
         "counts": store.counts(suite=suite),
         "draining": bool(store.flag("draining")),
         "host": host_doc(store, host, now=now),
+        "launch_wait": store.flag(LAUNCH_WAIT_FLAG) if daemon else None,  # the daemon's, while it runs
         "gpus": gdocs,
     }
     if fields is not None and any(state == "running" for state, _, _ in rows):
@@ -326,6 +328,8 @@ def format_status(
         out.append(paint(_clean(doc["notice"]), "dim"))
     if (doc.get("host") or {}).get("wait"):
         out.append(paint(f"launches wait: {doc['host']['wait']}", "bold yellow"))
+    if doc.get("launch_wait"):
+        out.append(paint(f"launches wait: {_clean(doc['launch_wait'])}", "bold yellow"))
     if doc["gpus"]:
         heads = ["GPU", "memory used / total GiB", "free GiB", "util", "slots", "outside processes"]
         out += _table("GPUs", heads, [_gpu_cells(g) for g in doc["gpus"]], width, paint)

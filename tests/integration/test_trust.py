@@ -153,6 +153,57 @@ def test_drain_stops_new_launches_and_running_jobs_finish(gs_home: Path, project
     assert launches(project) == ["dr/a", "dr/b"]
 
 
+def test_a_disk_too_full_for_the_night_holds_launches_and_status_says_where(
+    gs_home: Path, project: Path
+) -> None:
+    """The real statvfs of the suite's logs directory, under a floor no disk meets: the jobs
+    wait queued (none fails), status says which directory and why; with room, they run."""
+    write_plan(project, "disk", "true", ["a", "b"])
+    submit = ["submit", "--suite", "disk", "--gpu-plan", "1,1", "--backend", "subprocess"]
+    run_cli(*submit, cwd=project, env={**FAKE, "GPUSCHED_DISK_MIN_FREE": "1000000000GiB"}, check=True)
+
+    def waiting() -> dict[str, Any]:
+        doc = json.loads(run_cli("status", "--json", cwd=project, check=True).stdout)
+        assert doc["launch_wait"], doc
+        return doc
+
+    doc = retry_until(waiting, timeout=30)
+    logs = project / "logs" / "disk"
+    assert doc["launch_wait"].startswith(f"disk low: {logs} has ")
+    assert doc["launch_wait"].endswith("free, launches wait for 1000000000.0 GiB")
+    assert [(j["state"], j["reason"]) for j in doc["jobs"]] == [("queued", doc["launch_wait"])] * 2
+    text = run_cli("status", cwd=project, env={"COLUMNS": "200"}, check=True).stdout
+    assert f"launches wait: disk low: {logs}" in text
+    assert launches(project) == []
+
+    run_cli("daemon", "stop", cwd=project, check=True)  # space freed (the floor lifted): start again
+    run_cli("daemon", "start", cwd=project, env=FAKE, check=True)
+    assert run_cli("wait", "--suite", "disk", cwd=project, timeout=60).returncode == 0
+    assert launches(project) == ["disk/a", "disk/b"]
+    assert json.loads(run_cli("status", "--json", cwd=project, check=True).stdout)["launch_wait"] is None
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("GPUSCHED_DISK_MIN_FREE", "lots"),
+        ("GPUSCHED_HOST_MIN_FREE", "4 gigs"),
+        ("GPUSCHED_CANCEL_GRACE_S", "-1"),
+    ],
+)
+def test_a_bad_setting_in_the_environment_is_refused_before_anything_is_queued(
+    gs_home: Path, project: Path, name: str, value: str
+) -> None:
+    write_plan(project, "env", "true", ["a"])
+    args = ["submit", "--suite", "env", "--gpu-plan", "1", "--backend", "subprocess"]
+    r = run_cli(*args, cwd=project, env={**FAKE, name: value})
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert lines[0].startswith(f"gpusched: {name}={value!r} in the environment: not "), lines[0]
+    assert not (gs_home / "gpusched.db").exists() or store(gs_home).jobs() == []
+    assert not (gs_home / "daemon.json").exists()
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_cancel_sigkills_a_job_that_ignores_sigterm_after_the_grace_period(
     gs_home: Path, project: Path, backend: str

@@ -3,6 +3,7 @@ decisions end to end (place, launch, reap, requeue down the ladder, cancel, rest
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -216,3 +217,137 @@ def test_a_backend_that_cannot_be_made_fails_the_launch_not_the_tick(tmp_path: P
     for job in w.store.jobs():
         assert job.state is JobState.QUEUED and "launch failed" in (job.reason or "")
         assert job.not_before is not None and job.not_before > w.now
+
+
+# --------------------------------------------------------------------------- the machine's faults
+
+
+class _ShortOfSomething(FakeExecutor):
+    """A backend whose launches fail with ``err`` while ``failing`` is set."""
+
+    failing: OSError | None = None
+    tried: int = 0
+
+    def launch(self, req):  # type: ignore[no-untyped-def]
+        self.tried += 1
+        if self.failing is not None:
+            raise type(self.failing)(*self.failing.args)
+        return super().launch(req)
+
+
+def _job(w: World, job_id: str):  # type: ignore[no-untyped-def]
+    job = w.store.job(job_id)
+    assert job is not None
+    return job
+
+
+def test_a_launch_failing_for_want_of_a_resource_pauses_launches_and_charges_no_job(tmp_path: Path) -> None:
+    """Without this, three failed launches fail a job: a full disk or a process limit at 2 a.m.
+    fails the whole queue within a minute, and it stays failed after the space is freed."""
+    import errno
+
+    from gpusched.disk import LAUNCH_WAIT_FLAG
+
+    ex = _ShortOfSomething(name="fake", failing=OSError(errno.ENOSPC, "No space left on device"))
+    w = World(tmp_path, GpuPlan(gpus=(0, 1), slots=(1, 1)))
+    w.sched = Scheduler(w.store, FakeProbe.from_spec("2x24GiB"), {"fake": ex})
+    w.submit(make_suite(tmp_path, n=3))
+    for _ in range(12):  # a long outage: each try fails, launches pause 10, 20, 40, ... s between
+        w.now += 400
+        assert w.sched.tick(w.now).launched == []
+    assert ex.tried == 2 * 12  # one try per free slot per pause, not one per tick
+    for job_id in ("E1/0-task", "E1/1-task", "E1/2-task"):
+        job = _job(w, job_id)
+        assert job.state is JobState.QUEUED and job.lost == 0
+    assert "not counted as lost" in (_job(w, "E1/0-task").reason or "")
+    flag = w.store.flag(LAUNCH_WAIT_FLAG)
+    assert flag is not None and "paused until" in flag and "No space left on device" in flag
+    assert "paused until" in (_job(w, "E1/2-task").wait_reason or "")  # the job that never got a slot
+
+    ex.tried = 0
+    w.now += 1
+    assert w.sched.tick(w.now).launched == []  # still paused: nothing tried
+    assert ex.tried == 0
+    ex.failing = None  # space freed
+    w.now += 300
+    assert len(w.sched.tick(w.now).launched) == 2
+    assert w.store.flag(LAUNCH_WAIT_FLAG) is None
+
+
+def test_the_pause_doubles_while_launches_keep_failing_and_starts_over_once_one_works(
+    tmp_path: Path,
+) -> None:
+    import errno
+
+    ex = _ShortOfSomething(name="fake", failing=OSError(errno.EAGAIN, "Resource temporarily unavailable"))
+    w = World(tmp_path, GpuPlan(gpus=(0,), slots=(1,)), gpus="1x24GiB")
+    w.sched = Scheduler(w.store, FakeProbe.from_spec("1x24GiB"), {"fake": ex})
+    w.submit(make_suite(tmp_path, n=3))
+    tries_at = []
+    for t in range(0, 80):
+        before = ex.tried
+        w.sched.tick(1000.0 + t)
+        if ex.tried > before:
+            tries_at.append(t)
+    assert tries_at == [0, 10, 30, 70]  # paused 10, 20, 40 s
+    ex.failing = None
+    w.sched.tick(1000.0 + 150)
+    assert len(ex.launched) == 1
+    ex.failing = OSError(errno.EAGAIN, "Resource temporarily unavailable")
+    ex.finish(ex.launched[0].token, exit_code=0)
+    w.sched.tick(1000.0 + 151)
+    before = ex.tried
+    w.sched.tick(1000.0 + 162)  # a failure after a launch that worked pauses 10 s again, not 80
+    assert ex.tried == before + 1
+
+
+def test_a_launch_failing_for_the_job_s_own_reasons_is_still_counted(tmp_path: Path) -> None:
+    import errno
+
+    ex = _ShortOfSomething(name="fake", failing=PermissionError(errno.EACCES, "Permission denied"))
+    w = World(tmp_path, GpuPlan(gpus=(0,), slots=(1,)), gpus="1x24GiB")
+    w.sched = Scheduler(w.store, FakeProbe.from_spec("1x24GiB"), {"fake": ex})
+    w.submit(make_suite(tmp_path, n=1))
+    w.sched.tick(100.0)
+    job = _job(w, "E1/0-task")
+    assert job.lost == 1 and "launch failed, retrying" in (job.reason or "")
+
+
+def test_a_real_enospc_writing_the_attempt_directory_is_the_machine_s_fault(tmp_path: Path) -> None:
+    """The kernel's own ENOSPC, from /dev/full, through the real attempt writer."""
+    if not os.access("/dev/full", os.W_OK):
+        pytest.fail("/dev/full is missing: this test needs a Linux /dev")
+    w = World(tmp_path, GpuPlan(gpus=(0,), slots=(1,)), gpus="1x24GiB")
+    suite = make_suite(tmp_path, n=1)
+    w.submit(suite)
+    first = Path(suite.logs_dir) / "0-task" / "1-A"
+    first.mkdir(parents=True)
+    (first / "config.yaml").symlink_to("/dev/full")  # every write to it: ENOSPC
+    assert w.tick().launched == []
+    job = _job(w, "E1/0-task")
+    assert job.state is JobState.QUEUED and job.lost == 0 and job.attempts == 1
+    assert "No space left on device" in (job.reason or "")
+    w.now += 11
+    assert [j for j, _, _ in w.sched.tick(w.now).launched] == ["E1/0-task"]  # attempt 2, in 2-A
+    assert (Path(suite.logs_dir) / "0-task" / "2-A" / "config.yaml").is_file()
+
+
+def test_launches_wait_while_a_suite_s_disk_is_low_and_status_says_which(tmp_path: Path) -> None:
+    from gpusched.disk import LAUNCH_WAIT_FLAG, DiskFree
+
+    free = {"mib": 300}
+
+    def disk_free(path: str) -> DiskFree:
+        return DiskFree(path=path, free_mib=free["mib"], total_mib=100_000, free_inodes=10**6)
+
+    w = World(tmp_path, GpuPlan(gpus=(0, 1), slots=(1, 1)))
+    w.sched = Scheduler(w.store, FakeProbe.from_spec("2x24GiB"), {"fake": w.ex}, disk_free=disk_free)
+    suite = make_suite(tmp_path, n=2)
+    w.submit(suite)
+    assert w.tick().launched == []
+    want = f"disk low: {suite.logs_dir} has 0.3 GiB free, launches wait for 1.0 GiB"
+    assert _job(w, "E1/0-task").wait_reason == want
+    assert w.store.flag(LAUNCH_WAIT_FLAG) == want
+    free["mib"] = 5000
+    assert len(w.tick().launched) == 2
+    assert w.store.flag(LAUNCH_WAIT_FLAG) is None

@@ -367,3 +367,20 @@ def test_an_sqlite_without_json_functions_is_one_clear_error(
     )
     with pytest.raises(StoreError, match=r"JSON functions.*no such function: json_object_x.*SQLite 3\.38"):
         status(box.store, [], daemon=None)
+
+
+def test_why_launches_wait_for_the_machine_is_shown_while_the_daemon_runs(tmp_path: Path) -> None:
+    """The daemon's word (a disk low, a pause after a failed launch) is one line above the
+    tables; a daemon that is not running says nothing of launches, so a stale word is hidden."""
+    from gpusched.disk import LAUNCH_WAIT_FLAG
+
+    box = Box(tmp_path, GpuPlan(gpus=(0,), slots=(1,)), cards="1x24GiB")
+    box.submit(mixed_suite(tmp_path))
+    why = "disk low: /data/logs/E1 has 0.4 GiB free, launches wait for 1.0 GiB"
+    box.store.set_flag(LAUNCH_WAIT_FLAG, why)
+    running = status(box.store, box.probe.snapshot(), daemon={"pid": 1, "probe": "fake"}, host=box.host)
+    assert running.doc()["launch_wait"] == why
+    assert f"launches wait: {why}" in format_status(running.doc(), width=200).splitlines()[:4]
+    stopped = box.status()  # daemon=None
+    assert stopped["launch_wait"] is None
+    assert "launches wait" not in format_status(stopped, width=200)
