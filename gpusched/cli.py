@@ -144,8 +144,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         s.set_defaults(func=cmd_cancel)
 
     if want("retry"):
-        s = sub.add_parser("retry", help="run a finished job again")
-        s.add_argument("jobs", nargs="+")
+        s = sub.add_parser("retry", help="run finished jobs again ('E1/*': the failed and cancelled ones)")
+        s.add_argument(
+            "jobs",
+            nargs="+",
+            help="job ids or names; a pattern ('E1/*') takes the matching jobs that failed or were cancelled",
+        )
         s.add_argument("--tier", help="tier name or index to start at (default: where it ended)")
         s.set_defaults(func=cmd_retry)
 

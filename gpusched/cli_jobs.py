@@ -146,17 +146,38 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
     store = _store()
     home = _home()
-    for job_id in resolve_jobs(store, args.jobs):
+    chosen: dict[str, int | None] = {}
+    for job_id in _retryable(store, args.jobs):
         tier = None
         if args.tier is not None:
             srow = store.suite(job_id.split("/", 1)[0])
             assert srow is not None
             tier = tiers.tier_index(srow.suite, args.tier)
-        job = store.retry(job_id, tier=tier)
-        print(f"{job.id}: queued again at tier index {job.tier}")
+        chosen[job_id] = tier
+    for job in store.retry_many(chosen):  # all or none
+        srow = store.suite(job.suite)
+        name = srow.suite.tiers[job.tier].name if srow and job.tier < len(srow.suite.tiers) else job.tier
+        print(f"{job.id}: queued again at tier {name}")
     daemon.start(home, probe=_probe_spec(None))
     daemon.wake(home)
     return 0
+
+
+def _retryable(store: Store, patterns: list[str]) -> list[str]:
+    """The jobs ``retry`` queues again: each one named by its id (or unambiguous name), which
+    must have finished; and, for a shell pattern (``'E1/*'``, the morning after a night that
+    went wrong), the jobs it matches that failed or were cancelled: the ones that succeeded,
+    wait or run are left alone. A pattern that matches none of those is an error."""
+    out: list[str] = []
+    for pat in patterns:
+        ids = resolve_jobs(store, [pat])
+        if any(ch in pat for ch in "*?["):
+            rows = [store.job(i) for i in ids]
+            ids = [j.id for j in rows if j is not None and j.state.value in ("failed", "cancelled")]
+            if not ids:
+                raise UsageError(f"no failed or cancelled job matches '{pat}': see `gpusched status`")
+        out.extend(i for i in ids if i not in out)
+    return out
 
 
 def cmd_wait(args: argparse.Namespace) -> int:

@@ -16,7 +16,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -549,18 +549,24 @@ class Store:
 
     def retry(self, job_id: str, *, tier: int | None, now: float | None = None) -> JobRow:
         """Queue a failed/cancelled/succeeded job again (at ``tier``, default: where it ended)."""
+        return self.retry_many({job_id: tier}, now=now)[0]
+
+    def retry_many(self, tiers: Mapping[str, int | None], *, now: float | None = None) -> list[JobRow]:
+        """Queue finished jobs again, each at its tier (None: where it ended), all or none: a
+        job that is unknown or not finished raises :class:`UsageError` and nothing changes."""
         now = time.time() if now is None else now
         with self.tx():
-            row = self.db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
-            if row is None:
-                raise UsageError(f"no job {job_id}: see `gpusched status` for job ids")
-            if not JobState(row["state"]).terminal:
-                raise UsageError(f"job {job_id} is {row['state']}: only finished jobs can be retried")
-            t = row["tier"] if tier is None else tier
-            self._requeue_finished(row, None, tier=t, now=now, why=f"retried by user at tier index {t}")
-        job = self.job(job_id)
-        assert job is not None
-        return job
+            for job_id, tier in tiers.items():
+                row = self.db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+                if row is None:
+                    raise UsageError(f"no job {job_id}: see `gpusched status` for job ids")
+                if not JobState(row["state"]).terminal:
+                    state = row["state"]
+                    raise UsageError(f"job {job_id} is {state}: only finished jobs can be retried (none was)")
+                t = row["tier"] if tier is None else tier
+                self._requeue_finished(row, None, tier=t, now=now, why=f"retried by user at tier index {t}")
+        jobs = [self.job(job_id) for job_id in tiers]
+        return [j for j in jobs if j is not None]
 
     def set_waits(self, waits: dict[str, str]) -> None:
         """Store why queued jobs wait; writes only reasons that changed."""
