@@ -26,6 +26,7 @@ from gpusched.errors import GpuschedError, UsageError
 
 if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
     from gpusched.gpus import Probe
+    from gpusched.home import Home
     from gpusched.model import GpuPlan, GpuState, Suite
     from gpusched.store import Store
 
@@ -357,12 +358,42 @@ def _status_sources(args: argparse.Namespace) -> tuple[list[GpuState], dict[str,
     home = _home()
     info = daemon.info(home)
     # the GPUs the daemon schedules on, as it last saw them; without a fresh snapshot, a probe of our own
-    seen = published.read(home, now=time.time()) if info else None
+    now = time.time()
+    seen = published.read(home, now=now) if info else None
     if seen is None:
         probe = _probe(_daemon_probe_spec(info))
         seen = probe.snapshot(), probe.notice()
+        if info:
+            info = _with_stall(home, info, now)
     gpus, notice = seen
     return gpus, {"daemon": info, "suite": args.suite, "notice": notice, "running": _add_slurm_details}
+
+
+#: A daemon that has not finished a tick for this long is stalled (a tick takes milliseconds;
+#: failing ones are retried at most 30 s apart, and a locked database is waited on 30 s).
+STALLED_AFTER_S = 60.0
+
+
+def _with_stall(home: Home, info: dict[str, Any], now: float) -> dict[str, Any]:
+    """``info`` with ``stalled_s`` (and ``stalled_why``) when the daemon runs but has not
+    finished a tick for :data:`STALLED_AFTER_S`: ended jobs are not reaped and nothing new
+    starts. The commonest cause is a full disk under the state directory (the daemon cannot
+    even log then), so that is checked and named."""
+    from gpusched import disk
+    from gpusched.gpus import published
+
+    started = info.get("started_at")
+    if not info.get("ready") or not isinstance(started, (int, float)):
+        return info
+    since = max(started, published.published_at(home) or 0.0)  # a snapshot may be an earlier daemon's
+    if now - since < STALLED_AFTER_S:
+        return info
+    free = disk.disk_free(str(home.root))
+    if free.free_mib is not None and free.free_mib < 16:
+        why = f"the disk of {home.root} is full ({free.free_mib} MiB free): free some space"
+    else:
+        why = f"see {home.daemon_log}"
+    return {**info, "stalled_s": round(now - since), "stalled_why": why}
 
 
 def _status_doc(args: argparse.Namespace, store: Store, table_rows: int | None = None) -> dict[str, Any]:

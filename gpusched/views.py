@@ -317,6 +317,9 @@ def format_status(
     d = doc["daemon"]
     if d:
         head = paint(f"daemon pid {d.get('pid')}  probe {d.get('probe')}", "bold")
+        if d.get("stalled_s"):
+            since = f"no scheduling step has finished for {d['stalled_s']} s"
+            head += paint(f"  STALLED: {since} ({d.get('stalled_why')})", "bold red")
     else:
         head = paint("daemon not running", "bold red")
         head += "  (it starts with `gpusched submit`, or `gpusched daemon start`)"

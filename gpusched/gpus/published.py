@@ -50,3 +50,11 @@ def read(home: Home, *, now: float, max_age_s: float = MAX_AGE_S) -> tuple[list[
         return gpus, str(notice) if notice is not None else None
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
+
+
+def published_at(home: Home) -> float | None:
+    """When the daemon last published a snapshot (the end of its last tick that worked), or None."""
+    try:
+        return float(json.loads(path(home).read_text())["at"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return None

@@ -213,23 +213,25 @@ def test_retry_a_pattern_queues_again_what_failed_and_nothing_half_way(gs_home: 
     submit = ["submit", "--suite", "r", "--gpu-plan", "2,2", "--backend", "subprocess"]
     run_cli(*submit, cwd=project, env=FAKE, check=True)
     want = {"ok": "succeeded", "bad1": "failed", "bad2": "failed", "slow": "running"}
-    retry_until(lambda: states(gs_home, "r") == want, timeout=30)
+    try:
+        retry_until(lambda: states(gs_home, "r") == want, timeout=30)
 
-    r = run_cli("retry", "r/ok", "r/slow", cwd=project)
-    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        "gpusched: job r/slow is running: only finished jobs can be retried (none was)"
-    ]
-    assert states(gs_home, "r") == want  # r/ok was not queued again either
+        r = run_cli("retry", "r/ok", "r/slow", cwd=project)
+        assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+            "gpusched: job r/slow is running: only finished jobs can be retried (none was)"
+        ]
+        assert states(gs_home, "r") == want  # r/ok was not queued again either
 
-    r = run_cli("retry", "r/*", cwd=project, check=True)
-    assert r.stdout.splitlines() == ["r/bad1: queued again at tier A", "r/bad2: queued again at tier A"]
-    retry_until(lambda: launches(project).count("r/bad2") == 2, timeout=30)
-    retry_until(lambda: states(gs_home, "r") == want, timeout=30)
-    assert launches(project).count("r/ok") == 1
+        r = run_cli("retry", "r/*", cwd=project, check=True)
+        assert r.stdout.splitlines() == ["r/bad1: queued again at tier A", "r/bad2: queued again at tier A"]
+        retry_until(lambda: launches(project).count("r/bad2") == 2, timeout=30)
+        retry_until(lambda: states(gs_home, "r") == want, timeout=30)
+        assert launches(project).count("r/ok") == 1
 
-    r = run_cli("retry", "r/ok*", cwd=project)
-    assert r.returncode == 2 and "no failed or cancelled job matches 'r/ok*'" in r.stderr
-    (project / "go").touch()
+        r = run_cli("retry", "r/ok*", cwd=project)
+        assert r.returncode == 2 and "no failed or cancelled job matches 'r/ok*'" in r.stderr
+    finally:
+        (project / "go").touch()  # the slow job ends, whatever was asserted
     retry_until(lambda: states(gs_home, "r")["slow"] == "succeeded", timeout=30)
 
 

@@ -384,3 +384,53 @@ def test_why_launches_wait_for_the_machine_is_shown_while_the_daemon_runs(tmp_pa
     stopped = box.status()  # daemon=None
     assert stopped["launch_wait"] is None
     assert "launches wait" not in format_status(stopped, width=200)
+
+
+def test_a_daemon_that_stopped_finishing_ticks_is_shown_as_stalled(tmp_path: Path) -> None:
+    """A daemon alive (it holds its lock) whose last tick that worked was 5 min ago: ended
+    jobs are not reaped, nothing starts, and status says so on its first line instead of
+    showing a queue that merely looks slow. Through the real CLI, in a subprocess."""
+    import fcntl
+
+    from gpusched.home import Home
+
+    home = Home(tmp_path / "home").ensure()
+    now = time.time()
+    home.daemon_info.write_text(
+        json.dumps(
+            {
+                "pid": os.getpid(),
+                "started_at": now - 600,
+                "probe": "fake",
+                "probe_spec": "fake:1x24GiB",
+                "ready": True,
+            }
+        )
+    )
+    (home.root / "gpus.json").write_text(json.dumps({"at": now - 300, "notice": None, "gpus": []}))
+    env = {**os.environ, "GPUSCHED_HOME": str(home.root), "COLUMNS": "200"}
+    lock = os.open(home.lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as the daemon holds it
+        run = [sys.executable, "-m", "gpusched", "status"]
+        doc = json.loads(
+            subprocess.run([*run, "--json"], env=env, capture_output=True, text=True, check=True).stdout
+        )
+        text = subprocess.run(run, env=env, capture_output=True, text=True, check=True).stdout
+        (home.root / "gpus.json").write_text(json.dumps({"at": time.time(), "notice": None, "gpus": []}))
+        fresh = json.loads(
+            subprocess.run([*run, "--json"], env=env, capture_output=True, text=True, check=True).stdout
+        )
+        (home.root / "gpus.json").write_text(json.dumps({"at": now - 300, "notice": None, "gpus": []}))
+        info = json.loads(home.daemon_info.read_text())
+        home.daemon_info.write_text(json.dumps({**info, "started_at": time.time()}))  # a new daemon
+        restarted = json.loads(
+            subprocess.run([*run, "--json"], env=env, capture_output=True, text=True, check=True).stdout
+        )
+    finally:
+        os.close(lock)
+    assert 299 <= doc["daemon"]["stalled_s"] <= 330
+    assert doc["daemon"]["stalled_why"] == f"see {home.daemon_log}"
+    assert "STALLED: no scheduling step has finished for" in text.splitlines()[0]
+    assert "stalled_s" not in fresh["daemon"]  # it ticked again
+    assert "stalled_s" not in restarted["daemon"]  # the old snapshot is an earlier daemon's
