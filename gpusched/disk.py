@@ -26,6 +26,7 @@ import os
 from msgspec import Struct
 
 from gpusched.logs import logger
+from gpusched.memory import floor_mib, parse_host_min
 from gpusched.placement import gib
 
 log = logger(__name__)
@@ -88,8 +89,7 @@ def disk_free(path: str) -> DiskFree:
 
 
 def min_free_mib(total_mib: int | None, limit: DiskLimit) -> int:
-    floors = [m for m in (limit.min_mib, int(limit.min_frac * total_mib) if total_mib else 0) if m > 0]
-    return min(floors) if floors else 0
+    return floor_mib(total_mib, limit.min_mib, limit.min_frac)
 
 
 def disk_wait(free: DiskFree, limit: DiskLimit) -> str | None:
@@ -108,9 +108,7 @@ def disk_wait(free: DiskFree, limit: DiskLimit) -> str | None:
 def parse_disk_min(text: str) -> DiskLimit:
     """``"1GiB"``, ``"512MiB"``, ``"5%"``, ``"1GiB,5%"`` or ``"0"`` (off) -> a :class:`DiskLimit`.
     Raises ``ValueError``."""
-    from gpusched.memory import parse_host_min  # the same grammar as GPUSCHED_HOST_MIN_FREE
-
-    host = parse_host_min(text)
+    host = parse_host_min(text)  # the same grammar as GPUSCHED_HOST_MIN_FREE
     return DiskLimit(min_mib=host.min_mib, min_frac=host.min_frac)
 
 

@@ -504,7 +504,13 @@ class HostLimit(Struct, frozen=True, kw_only=True):
 
 
 def host_min_mib(total_mib: int | None, limit: HostLimit) -> int:
-    floors = [m for m in (limit.min_mib, int(limit.min_frac * total_mib) if total_mib else 0) if m > 0]
+    return floor_mib(total_mib, limit.min_mib, limit.min_frac)
+
+
+def floor_mib(total_mib: int | None, min_mib: int, min_frac: float) -> int:
+    """The smaller of ``min_mib`` and ``min_frac`` of ``total_mib`` (either 0: not set; the
+    share unknown without a total); 0 when neither is set. Host RAM's and disks' floors."""
+    floors = [m for m in (min_mib, int(min_frac * total_mib) if total_mib else 0) if m > 0]
     return min(floors) if floors else 0
 
 
