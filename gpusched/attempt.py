@@ -68,6 +68,10 @@ class AttemptPaths(Struct, frozen=True):
         except (OSError, ValueError, IndexError):
             return None
 
+    def output_at(self) -> float | None:
+        """When output.log last grew (its mtime), or None before the job wrote anything."""
+        return _mtime(self.output)
+
     def read_runtime(self) -> dict[str, Any]:
         return _read_json(self.runtime) or {}
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from gpusched.model import BatchKeys, BatchRule, JobSpec, ResumeSpec, RetryPolicy, Suite, Tier
+from gpusched.model import BatchKeys, BatchRule, JobSpec, Limits, ResumeSpec, RetryPolicy, Suite, Tier
 
 
 def _known(cls: type[msgspec.Struct], d: dict[str, Any]) -> dict[str, Any]:
@@ -53,5 +53,6 @@ def suite_from_json(text: str) -> Suite:
     d["batch_keys"] = BatchKeys(**_known(BatchKeys, d.get("batch_keys") or {}))
     d["resume"] = ResumeSpec(**_known(ResumeSpec, d["resume"])) if d.get("resume") else None
     d["retry"] = RetryPolicy(**_known(RetryPolicy, d.get("retry") or {}))
+    d["limits"] = Limits(**_known(Limits, d.get("limits") or {}))
     d["jobs"] = ()
     return Suite(**d)

@@ -74,6 +74,7 @@ class Outcome(enum.StrEnum):
     ERROR = "error"
     CANCELLED = "cancelled"
     LOST = "lost"  # vanished with no exit record
+    TIMEOUT = "timeout"  # stopped by gpusched for running past a suite limit (time, silence)
 
 
 class StepKind(enum.StrEnum):
@@ -150,6 +151,14 @@ class RetryPolicy(Struct, frozen=True, kw_only=True):
     backoff_s: float = 30.0
 
 
+class Limits(Struct, frozen=True, kw_only=True):
+    """When gpusched stops an attempt itself (SIGTERM, then SIGKILL): ``time_s`` after it
+    started, or once its log has not grown for ``silence_s`` (taken as hung). None: no limit."""
+
+    time_s: float | None = None
+    silence_s: float | None = None
+
+
 class Suite(Struct, frozen=True, kw_only=True):
     """A validated plan file: the suite-wide part shared by every job."""
 
@@ -166,6 +175,7 @@ class Suite(Struct, frozen=True, kw_only=True):
     batch_keys: BatchKeys = field(default_factory=BatchKeys)
     resume: ResumeSpec | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    limits: Limits = field(default_factory=Limits)
     jobs: tuple[JobSpec, ...] = ()
     description: str = ""
 

@@ -1,12 +1,14 @@
 """How did an attempt end, and what happens to its job next.
 
-Two pure functions over plain values, no clock, file or process:
+Pure functions over plain values, no clock, file or process:
 
 * :func:`classify` turns an exit record and the tail of the job's log into a
-  :class:`~gpusched.model.Classification` (ok, GPU OOM, host OOM, error, cancelled, lost),
+  :class:`~gpusched.model.Classification` (ok, GPU OOM, host OOM, error, cancelled, lost,
+  timeout),
   with a reason a person can read and the log line that shows it;
 * :func:`next_step` turns that classification and the job's history into a
-  :class:`~gpusched.model.Step` (done, requeue at some tier, fail, cancel).
+  :class:`~gpusched.model.Step` (done, requeue at some tier, fail, cancel);
+* :func:`past_limit` says whether a running attempt passed its suite's time or silence limit.
 
 Every message that proves an out-of-memory death is in one table, :data:`SIGNATURES`; the
 messages that merely look like one are in :data:`LOOK_ALIKES`.
@@ -24,6 +26,7 @@ from gpusched.model import (
     OOM_EXIT_CODE,
     Classification,
     ExitRecord,
+    Limits,
     Outcome,
     RetryPolicy,
     Step,
@@ -163,22 +166,26 @@ _EXA_BUG = LOOK_ALIKES[0]
 # --------------------------------------------------------------------------- classify
 
 
-def classify(exit: ExitRecord | None, log_tail: str, *, cancel_requested: bool) -> Classification:
+def classify(
+    exit: ExitRecord | None, log_tail: str, *, cancel_requested: bool, stopped_for: str | None = None
+) -> Classification:
     """What happened to one attempt. Never raises, whatever the text or numbers.
 
     Precedence, first match wins:
 
     1. ``cancel_requested`` -> ``CANCELLED`` (whatever the exit);
-    2. no exit record -> ``LOST``;
-    3. exit code 0 -> ``OK`` (the log is not read);
-    4. the trainer reported OOM (``oom_reported`` or exit code ``OOM_EXIT_CODE``) -> ``OOM``,
+    2. ``stopped_for`` (gpusched stopped it at a suite limit; the text says which) ->
+       ``TIMEOUT`` with that reason, unless it exited 0 before the signal took (``OK``);
+    3. no exit record -> ``LOST``;
+    4. exit code 0 -> ``OK`` (the log is not read);
+    5. the trainer reported OOM (``oom_reported`` or exit code ``OOM_EXIT_CODE``) -> ``OOM``,
        unless the only OOM-looking line in the log is the "more than 1EB" bug (-> ``ERROR``);
-    5. the last line of ``log_tail`` that matches a :data:`SIGNATURES` entry -> ``OOM`` or
+    6. the last line of ``log_tail`` that matches a :data:`SIGNATURES` entry -> ``OOM`` or
        ``HOST_OOM`` (lines matching :data:`LOOK_ALIKES`, source lines of a traceback and
        signatures quoted as data, e.g. in a printed config, do not count);
-    6. SIGKILL (exit code 137, -9 or signal 9) -> ``HOST_OOM``: gpusched's own kills are
+    7. SIGKILL (exit code 137, -9 or signal 9) -> ``HOST_OOM``: gpusched's own kills are
        cancels, so this is most likely the kernel OOM killer;
-    7. otherwise ``ERROR``, the reason being the last exception line, else the last
+    8. otherwise ``ERROR``, the reason being the last exception line, else the last
        non-empty line, else the exit code or signal (at most ~200 characters).
 
     ``line`` is the log line that decided (stripped, at most 300 characters), or ``None``.
@@ -187,6 +194,10 @@ def classify(exit: ExitRecord | None, log_tail: str, *, cancel_requested: bool) 
     """
     if cancel_requested:
         return Classification(outcome=Outcome.CANCELLED, reason="cancelled on request")
+    if stopped_for is not None:
+        if exit is not None and exit.exit_code == 0 and not exit.oom_reported:
+            return Classification(outcome=Outcome.OK, reason="exited 0")
+        return Classification(outcome=Outcome.TIMEOUT, reason=stopped_for)
     if exit is None:
         return Classification(outcome=Outcome.LOST, reason="no exit record: the attempt vanished")
     if exit.exit_code == 0:
@@ -422,6 +433,33 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+# --------------------------------------------------------------------------- limits
+
+
+def past_limit(limits: Limits, *, started_at: float, output_at: float | None, now: float) -> str | None:
+    """Why an attempt started at ``started_at`` (its wrapper's start), whose log last grew at
+    ``output_at`` (None: never), is past its suite's ``limits`` at ``now``; None while it is not.
+    The time limit is checked first."""
+    if limits.time_s is not None and now - started_at >= limits.time_s:
+        return f"ran past its time limit of {duration_text(limits.time_s)} (limits.time)"
+    if limits.silence_s is not None:
+        quiet_s = now - max(started_at, output_at or started_at)
+        if quiet_s >= limits.silence_s:
+            return f"printed nothing for {duration_text(limits.silence_s)}, taken as hung (limits.silence)"
+    return None
+
+
+def duration_text(seconds: float) -> str:
+    """``45s``, ``30m``, ``1h30m``, ``2d3h``: the largest two units, rounded down."""
+    s = int(seconds)
+    units = ((86400, 3600, "d", "h"), (3600, 60, "h", "m"), (60, 1, "m", "s"))
+    for big, small, unit_big, unit_small in units:
+        if s >= big:
+            rest = (s % big) // small
+            return f"{s // big}{unit_big}" + (f"{rest}{unit_small}" if rest else "")
+    return f"{s}s"
+
+
 # --------------------------------------------------------------------------- next step
 
 
@@ -450,7 +488,7 @@ def next_step(
     * ``HOST_OOM`` -> the first later tier that lowers ``num_data_workers`` (a tier without
       the key keeps the value before it; when no tier up to this one sets it, the first later
       tier that does counts as lowering it), else the next tier, or ``FAIL`` at the last;
-    * ``ERROR`` -> while ``errors_so_far < retry.errors``, the same tier with
+    * ``ERROR`` and ``TIMEOUT`` -> while ``errors_so_far < retry.errors``, the same tier with
       ``not_before = now + retry.backoff_s * 2**errors_so_far``; then ``FAIL`` with ``c.reason``;
     * ``LOST`` -> the same tier, until ``lost_so_far >= max_lost``: then ``FAIL``.
 
@@ -518,7 +556,7 @@ def _after_error(c: Classification, tier: int, errors_so_far: int, retry: RetryP
     if errors_so_far >= retry.errors:
         return Step(kind=StepKind.FAIL, tier=tier, reason=c.reason)
     delay_s = retry.backoff_s * 2 ** min(max(errors_so_far, 0), _MAX_BACKOFF_DOUBLINGS)
-    reason = f"error, retry {errors_so_far + 1} of {retry.errors} in {delay_s:.0f} s: {c.reason}"
+    reason = f"{c.outcome.value}, retry {errors_so_far + 1} of {retry.errors} in {delay_s:.0f} s: {c.reason}"
     return Step(kind=StepKind.REQUEUE, tier=tier, reason=reason, not_before=now + delay_s)
 
 

@@ -6,7 +6,7 @@ the file and key path (``plans/E1.yaml: tiers[2].batch.scale: ...``), what is wr
 how to fix it. The format is documented in ``docs/plan-format.md``.
 
 This module reads the suite-level keys (command, workdir, base_config, env, batch, tiers,
-resume, retry); :mod:`gpusched.yamlfields` holds the typed getters and YAML reading,
+resume, retry, limits); :mod:`gpusched.yamlfields` holds the typed getters and YAML reading,
 :mod:`gpusched.matrix` turns ``matrix:``/``job:``/``jobs:`` into jobs, and
 :mod:`gpusched.flags` handles ``--pairs``, ``--only``, ``--gpus`` and ``--gpu-plan``.
 """
@@ -24,7 +24,7 @@ from msgspec import field
 from gpusched import matrix, tiers
 from gpusched import yamlfields as yf
 from gpusched.errors import did_you_mean
-from gpusched.model import BatchKeys, BatchRule, JobSpec, ResumeSpec, RetryPolicy, Suite, Tier
+from gpusched.model import BatchKeys, BatchRule, JobSpec, Limits, ResumeSpec, RetryPolicy, Suite, Tier
 
 SUITE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
 TIER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+=-]{0,31}")
@@ -33,7 +33,7 @@ MAX_TIERS = 8
 
 _TOP_KEYS = (
     "description", "command", "workdir", "base_config", "env", "config", "batch",
-    "matrix", "job", "jobs", "pairs", "tiers", "resume", "retry",
+    "matrix", "job", "jobs", "pairs", "tiers", "resume", "retry", "limits",
 )  # fmt: skip
 _TIER_KEYS = ("name", "env", "config", "batch", "exclusive", "min_free_mib", "description")
 
@@ -125,6 +125,7 @@ def load_suite(ref: str, *, cwd: Path, name: str | None = None) -> Suite:
         batch_keys=_batch_keys(w.at("batch"), raw.get("batch")),
         resume=_resume(w.at("resume"), raw.get("resume")),
         retry=_retry(w.at("retry"), raw.get("retry")),
+        limits=_limits(w.at("limits"), raw.get("limits")),
         jobs=tuple(job for job, _ in jobs),
         description=_description(w.at("description"), raw.get("description")),
         pairs=pairs,
@@ -219,7 +220,7 @@ def _batch_keys(w: yf.Where, value: Any) -> BatchKeys:
     return BatchKeys(size=size, accumulation=accum)
 
 
-# --------------------------------------------------------------------------- tiers, resume, retry
+# --------------------------------------------------------------------------- tiers, resume, retry, limits
 
 
 def _tiers(w: yf.Where, value: Any) -> tuple[Tier, ...]:
@@ -339,3 +340,14 @@ def _retry(w: yf.Where, value: Any) -> RetryPolicy:
         errors=yf.whole(w.at("errors"), mapping.get("errors", defaults.errors), minimum=0),
         backoff_s=yf.number(w.at("backoff_s"), mapping.get("backoff_s", defaults.backoff_s), minimum=0),
     )
+
+
+def _limits(w: yf.Where, value: Any) -> Limits:
+    example = "limits: {time: 6h, silence: 30m}"
+    mapping = yf.mapping(w, value, example)
+    yf.check_keys(w, mapping, ("time", "silence"))
+    time_s, silence_s = (
+        None if mapping.get(key) is None else yf.duration(w.at(key), mapping[key], example)
+        for key in ("time", "silence")
+    )
+    return Limits(time_s=time_s, silence_s=silence_s)

@@ -23,6 +23,7 @@ COLORS = {
     "oom": "#e53935",
     "host_oom": "#8e24aa",
     "error": "#fb8c00",
+    "timeout": "#6d4c41",
     "lost": "#757575",
     "cancelled": "#b0bec5",
     "running": "#1e88e5",

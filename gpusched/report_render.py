@@ -20,6 +20,7 @@ OUTCOME_STYLE = {
     "oom": "bold red",
     "host_oom": "magenta",
     "error": "red",
+    "timeout": "red",
     "lost": "yellow",
     "cancelled": "dim",
     "running": "cyan",

@@ -123,6 +123,7 @@ class Scheduler:
         self._queue_version: tuple[int, int] | None = None  # the database they were read from
         self._queue_span = (math.inf, -math.inf)  # ... valid for these times (no not_before within)
         self._term_sent: dict[int, float] = {}
+        self._stops: dict[int, tuple[str, float]] = {}  # attempts stopped at a limit: (why, since)
         self.last_snapshot: list[GpuState] = []
 
     # ------------------------------------------------------------------ the step
@@ -131,8 +132,9 @@ class Scheduler:
         report = TickReport()
         self._sync_suites()
         live = self.store.live_attempts()
+        self._stops = self.store.stops()
         live = self._reap(live, now, report)
-        self._stop_cancelled(live, now)
+        self._stop(live, now)
         gpus = self._snapshot() if snapshot is None else snapshot
         self.last_snapshot = gpus
         att = self.memory.measure(live, gpus, now)
@@ -188,7 +190,7 @@ class Scheduler:
     def _stopping(self, a: AttemptRow) -> bool:
         """Being cancelled: reaped only once its whole process group is gone, not when its
         wrapper has written exit.json, so a child that ignores SIGTERM still gets the SIGKILL."""
-        if a.id in self._term_sent:
+        if a.id in self._term_sent or a.id in self._stops:
             return True
         job = self.store.job(a.job_id)
         return job is not None and job.cancel_requested
@@ -200,7 +202,10 @@ class Scheduler:
         paths = AttemptPaths(Path(a.dir))
         failed = exit_rec is None or exit_rec.exit_code != 0 or exit_rec.oom_reported
         tail = paths.log_tail() if failed else ""
-        result = outcome.classify(exit_rec, tail, cancel_requested=job.cancel_requested)
+        stop = self._stops.get(a.id)
+        result = outcome.classify(
+            exit_rec, tail, cancel_requested=job.cancel_requested, stopped_for=stop[0] if stop else None
+        )
         step = self._next_step(job, a, result, now)
         self.store.finish_attempt(a.id, exit=exit_rec, result=result, step=step, now=now)
         self._term_sent.pop(a.id, None)
@@ -223,23 +228,28 @@ class Scheduler:
             max_lost=self.settings.max_lost,
         )
 
-    # ------------------------------------------------------------------ cancel
+    # ------------------------------------------------------------------ stop: cancels and limits
 
-    def _stop_cancelled(self, live: list[AttemptRow], now: float) -> None:
+    def _stop(self, live: list[AttemptRow], now: float) -> None:
+        """Signal the attempts being stopped: those of jobs a user cancelled, and those past
+        their suite's limits. SIGTERM to the process group, SIGKILL ``cancel_grace_s`` later."""
+        self._check_limits(live, now)
         wanted = set(self.store.cancel_requested())
-        if not wanted:
+        if not wanted and not self._stops:
             return
         for a in live:
-            if a.job_id not in wanted or a.handle is None:
+            stop = self._stops.get(a.id)
+            if (a.job_id not in wanted and stop is None) or a.handle is None:
                 continue
             ex = self.executors.get(a.backend)
             if ex is None:
                 continue
+            why = "cancel" if a.job_id in wanted else (stop[0] if stop else "")
             sent = self._term_sent.get(a.id)
             if sent is None:
                 ex.terminate(a.handle, force=False)
                 self._term_sent[a.id] = now
-                self.on_event(f"{a.job_id}: SIGTERM sent (cancel)")
+                self.on_event(f"{a.job_id}: SIGTERM sent ({why})")
             elif now - sent >= self.settings.cancel_grace_s:
                 ex.terminate(a.handle, force=True)
                 self.on_event(
@@ -247,6 +257,27 @@ class Scheduler:
                     f"after {self.settings.cancel_grace_s:.0f} s"
                 )
                 self._term_sent[a.id] = float("inf")  # once is enough
+
+    def _check_limits(self, live: list[AttemptRow], now: float) -> None:
+        """Record (in the store, so that a restarted daemon still knows) the running attempts
+        that passed their suite's ``limits``: ``time`` since their wrapper started, or
+        ``silence``, no growth of output.log for that long (taken as hung). An attempt whose
+        wrapper has not started yet (a Slurm job still pending) has used none of either."""
+        for a in live:
+            if a.state is not AttemptState.RUNNING or a.id in self._stops:
+                continue
+            suite = self._suite(a.job_id.partition("/")[0])
+            limits = suite.suite.limits if suite else None
+            if limits is None or (limits.time_s is None and limits.silence_s is None):
+                continue
+            paths = AttemptPaths(Path(a.dir))
+            started = paths.read_pid()
+            if started is None:
+                continue
+            why = outcome.past_limit(limits, started_at=started[1], output_at=paths.output_at(), now=now)
+            if why is not None:
+                self.store.stop_attempt(a.id, a.job_id, why, now=now)
+                self._stops[a.id] = (why, now)
 
     # ------------------------------------------------------------------ place + launch
 

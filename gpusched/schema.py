@@ -92,6 +92,14 @@ CREATE TABLE IF NOT EXISTS settles (
     attempt_id INTEGER PRIMARY KEY REFERENCES attempts(id),
     mib INTEGER NOT NULL
 );
+-- attempts gpusched is stopping at a suite limit (limits.time, limits.silence), and why: kept
+-- in the database so that a daemon restarted between the SIGTERM and the reap still reaps
+-- the attempt as a timeout, not as the error its signal would look like
+CREATE TABLE IF NOT EXISTS stops (
+    attempt_id INTEGER PRIMARY KEY REFERENCES attempts(id),
+    reason TEXT NOT NULL,
+    at REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     at REAL NOT NULL,

@@ -439,7 +439,7 @@ class Store:
             "line": result.line,
             "tier": step.tier,
         }
-        if result.outcome.value == "error":
+        if result.outcome.value in ("error", "timeout"):  # both spend the suite's retry.errors
             common["errors"] = job["errors"] + 1
         if result.outcome.value == "lost" and count_lost:
             common["lost"] = job["lost"] + 1
@@ -546,6 +546,25 @@ class Store:
             r["id"]
             for r in self.db.execute("SELECT id FROM jobs WHERE state = 'running' AND cancel_requested = 1")
         ]
+
+    def stop_attempt(self, attempt_id: int, job_id: str, reason: str, *, now: float) -> None:
+        """Record that gpusched stops this attempt at a suite limit, and why (the first
+        reason stays)."""
+        with self.tx():
+            cur = self.db.execute(
+                "INSERT OR IGNORE INTO stops (attempt_id, reason, at) VALUES (?, ?, ?)",
+                (attempt_id, reason, now),
+            )
+            if cur.rowcount:
+                self._event(now, job_id, "stop", reason)
+
+    def stops(self) -> dict[int, tuple[str, float]]:
+        """The live attempts being stopped at a limit: attempt id -> (why, since when)."""
+        q = (
+            "SELECT s.attempt_id, s.reason, s.at FROM stops s JOIN attempts a ON a.id = s.attempt_id"
+            " WHERE a.state != 'exited'"
+        )
+        return {r[0]: (r[1], r[2]) for r in self.db.execute(q)}
 
     def retry(self, job_id: str, *, tier: int | None, now: float | None = None) -> JobRow:
         """Queue a failed/cancelled/succeeded job again (at ``tier``, default: where it ended)."""

@@ -23,6 +23,7 @@ from gpusched.model import GpuState
 from gpusched.placement import DEFAULT_HEADROOM_FRAC
 from gpusched.store import AttemptRow, Store, SuiteRow
 
+QUIET_SHOWN_S = 600  # a running job whose log has not grown this long says so in the table
 MAX_TABLE_JOBS = 40  # rows of the plain table: running and failed first; the rest is summed up by state
 TABLE_ORDER = ("running", "failed", "queued", "cancelled", "succeeded")  # what a person looks for first
 
@@ -166,7 +167,9 @@ def status(
         )
         narrowed = {
             job_id: json.dumps({k: d[k] for k in keys})
-            for (_, job_id, _), d in zip(full, map(json.loads, _complete_running(full, running)), strict=True)
+            for (_, job_id, _), d in zip(
+                full, map(json.loads, _complete_running(full, running, now)), strict=True
+            )
         }
         entries = [
             narrowed[job_id]
@@ -175,24 +178,37 @@ def status(
             for state, job_id, entry in rows
         ]
     else:
-        entries = _complete_running(rows, running)
+        entries = _complete_running(rows, running, now)
     return Status(head, entries)
 
 
-def _complete_running(rows: list[tuple[str, str | None, str]], running: RunningHook | None) -> list[str]:
+def _complete_running(
+    rows: list[tuple[str, str | None, str]], running: RunningHook | None, now: float
+) -> list[str]:
     """The entries (every key), those of running jobs (parsed, completed, written again)
-    given the last line of their log, and what ``running`` adds."""
+    given the last line of their log and how long ago it last grew, and what ``running`` adds."""
     entries = [entry for _, _, entry in rows]
     at = [i for i, (state, _, _) in enumerate(rows) if state == "running"]
     docs = [json.loads(entries[i]) for i in at]
     for d in docs:
         if d["log"] is not None:
             d["last_line"] = _last_line(os.path.dirname(d["log"]))
+            d["quiet_s"] = _quiet_s(d["log"], d["started_at"], now)
     if running is not None and docs:
         running(docs)
     for i, d in zip(at, docs, strict=True):
         entries[i] = json.dumps(d)
     return entries
+
+
+def _quiet_s(log: str, started_at: float | None, now: float) -> float | None:
+    """Seconds since the job's log last grew (since it started, before it wrote anything)."""
+    since: float | None
+    try:
+        since = os.stat(log).st_mtime
+    except OSError:
+        since = started_at
+    return None if since is None else round(max(0.0, now - since), 1)
 
 
 def _last_line(adir: str) -> str:
@@ -362,13 +378,20 @@ def _gpu_cells(g: dict[str, Any]) -> list[tuple[str, str]]:
 def _job_cells(j: dict[str, Any]) -> list[tuple[str, str]]:
     """A job's row: (text, style) per column; the state is coloured."""
     why = j.get("last_line") if j["state"] == "running" else (j.get("reason") or "")
+    if j["state"] == "running" and j.get("stopping"):
+        why = f"stopping: {j['stopping']}"
+    elif j["state"] == "running" and (j.get("quiet_s") or 0) >= QUIET_SHOWN_S:
+        why = f"(no output for {int(j['quiet_s'] // 60)} min) {why or ''}"
     if j["state"] == "failed" and j.get("line"):
         why = f"{j.get('reason')}: {j['line']}"
     tag = f"[{j['outcome']}] " if j.get("outcome") and j["state"] != "running" else ""
     tier = f"{j['tier']} ({j['tier_index'] + 1}/{j['tiers']})" if j.get("tiers", 1) > 1 else f"{j['tier']}"
     return [
         (j["id"], ""),
-        (j["state"] + (" (stopping)" if j.get("cancel_requested") else ""), STATE_STYLE.get(j["state"], "")),
+        (
+            j["state"] + (" (stopping)" if j.get("cancel_requested") or j.get("stopping") else ""),
+            STATE_STYLE.get(j["state"], ""),
+        ),
         ("" if j["gpu"] is None or j["state"] != "running" else str(j["gpu"]), ""),
         (tier, ""),
         (f"{j['attempt']}" if j["attempt"] else "", ""),

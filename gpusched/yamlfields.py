@@ -92,6 +92,26 @@ def number(w: Where, value: Any, *, minimum: float) -> float:
     return float(value)
 
 
+_DURATION_RE = re.compile("".join(rf"(?:(\d+(?:\.\d+)?){unit})?" for unit in "dhms"))
+_DURATION_UNITS = (86400.0, 3600.0, 60.0, 1.0)
+
+
+def duration(w: Where, value: Any, example: str) -> float:
+    """Seconds from a number of seconds or text such as ``90s``, ``30m``, ``6h``, ``1h30m``,
+    ``2d``; above zero."""
+    seconds: float | None = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and (m := _DURATION_RE.fullmatch(value.replace(" ", ""))) and any(m.groups()):
+        seconds = sum(float(g) * unit for g, unit in zip(m.groups(), _DURATION_UNITS, strict=True) if g)
+    if seconds is None or not 0 < seconds < float("inf"):
+        raise w.error(
+            f"must be a duration above zero (seconds, or text like 90s, 30m, 6h, 1h30m), got {show(value)}",
+            f"e.g. {example}",
+        )
+    return seconds
+
+
 def boolean(w: Where, value: Any) -> bool:
     if not isinstance(value, bool):
         raise w.error(f"must be true or false, got {show(value)}")

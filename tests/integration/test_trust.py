@@ -236,6 +236,30 @@ def test_retry_a_pattern_queues_again_what_failed_and_nothing_half_way(gs_home: 
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_hung_job_is_stopped_at_its_silence_limit_and_the_queue_goes_on(
+    gs_home: Path, project: Path, backend: str
+) -> None:
+    """A job that prints nothing (a deadlock, a prompt waiting for input) holds its slot until
+    `limits.silence`, then fails as a timeout; a job that keeps printing runs on; the slot is
+    refilled. Real wrapper, real log file mtimes, the real daemon's clock."""
+    talk = 'while [ ! -e "$GO" ]; do echo step; sleep 0.1; done'
+    script = f'case "$GPUSCHED_JOB_ID" in */hung) exec sleep 300;; esac; {talk}'
+    write_plan(project, "quiet", script, ["hung", "talks", "next"], limits={"silence": 2})
+    submit = ["submit", "--suite", "quiet", "--gpu-plan", "1,1", "--backend", backend]
+    run_cli(*submit, cwd=project, env=FAKE, check=True)
+    retry_until(lambda: states(gs_home, "quiet")["hung"] == "failed", timeout=60)
+    hung = store(gs_home).job("quiet/hung")
+    assert hung is not None and hung.outcome == "timeout"
+    assert hung.reason == "printed nothing for 2s, taken as hung (limits.silence)"
+    retry_until(lambda: launches(project) == ["quiet/hung", "quiet/next", "quiet/talks"], timeout=30)
+    assert states(gs_home, "quiet")["talks"] == "running"  # it spoke every 0.1 s: never judged hung
+    (project / "go").touch()
+    assert run_cli("wait", "--suite", "quiet", cwd=project, timeout=60).returncode == 1  # one failed
+    assert states(gs_home, "quiet") == {"hung": "failed", "talks": "succeeded", "next": "succeeded"}
+    assert dead(wrapper_pid(gs_home, "quiet/hung")[0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_cancel_sigkills_a_job_that_ignores_sigterm_after_the_grace_period(
     gs_home: Path, project: Path, backend: str
 ) -> None:

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 JOB_KEYS = (
     "id", "suite", "name", "state", "tier", "tier_index", "attempt", "gpu", "outcome", "reason", "line",
     "log", "runtime_s", "started_at", "ended_at", "predicted_mib", "prediction_source", "peak_mib",
-    "cancel_requested", "backend_handle", "tiers", "start_tier", "last_line", "slurm",
+    "cancel_requested", "backend_handle", "tiers", "start_tier", "last_line", "quiet_s", "stopping", "slurm",
 )  # fmt: skip
 
 
