@@ -193,7 +193,7 @@ def _complete_running(
     for d in docs:
         if d["log"] is not None:
             d["last_line"] = _last_line(os.path.dirname(d["log"]))
-            d["quiet_s"] = _quiet_s(d["log"], d["started_at"], now)
+            d["quiet_s"] = _quiet_s(d["log"], now)
     if running is not None and docs:
         running(docs)
     for i, d in zip(at, docs, strict=True):
@@ -201,14 +201,13 @@ def _complete_running(
     return entries
 
 
-def _quiet_s(log: str, started_at: float | None, now: float) -> float | None:
-    """Seconds since the job's log last grew (since it started, before it wrote anything)."""
-    since: float | None
+def _quiet_s(log: str, now: float) -> float | None:
+    """Seconds since the job's log last grew; None before its wrapper made the log (a Slurm
+    job still pending)."""
     try:
-        since = os.stat(log).st_mtime
+        return round(max(0.0, now - os.stat(log).st_mtime), 1)
     except OSError:
-        since = started_at
-    return None if since is None else round(max(0.0, now - since), 1)
+        return None
 
 
 def _last_line(adir: str) -> str:
