@@ -162,9 +162,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         s.set_defaults(func=cmd_wait)
 
     if want("gpus"):
-        s = sub.add_parser("gpus", help="what the GPU probe sees")
+        s = sub.add_parser("gpus", help="what the GPU probe sees, and which GPUs are out of service")
         s.add_argument("--json", action="store_true")
         s.add_argument("--fake-gpus")
+        s.add_argument(
+            "--enable",
+            metavar="GPUS",
+            help="put GPUs taken out of service after repeated faults back in service: 3, 1,3 or all",
+        )
         s.set_defaults(func=cmd_gpus)
 
     if want("drain"):

@@ -19,14 +19,18 @@ if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
 
 
 def cmd_gpus(args: argparse.Namespace) -> int:
+    import msgspec
+
     from gpusched.gpus.select import make_probe
 
+    if args.enable is not None:
+        return _enable_gpus(args.enable)
+    seen = _home().db.exists()  # (looking at the GPUs creates no database)
+    out = {i: msgspec.to_builtins(o) for i, o in _store(readonly=True).gpus_out().items()} if seen else {}
     probe = make_probe(_probe_spec(args.fake_gpus))
     snap = probe.snapshot()
     if args.json:
-        import msgspec
-
-        doc = {"probe": probe.name, "notice": probe.notice(), "gpus": snap}
+        doc = {"probe": probe.name, "notice": probe.notice(), "gpus": snap, "out_of_service": out}
         print(json.dumps(msgspec.to_builtins(doc)))
         return 0
     if probe.notice():
@@ -40,6 +44,37 @@ def cmd_gpus(args: argparse.Namespace) -> int:
             f"{gib(g.free_mib)} GiB free  util {'?' if g.util_pct is None else g.util_pct}%  "
             f"{len(g.processes)} processes"
         )
+    for i, o in out.items():
+        print(
+            f"GPU {i} is out of service after {o['faults']} faults in a row (last: {o['job_id']}: "
+            f"{o['why']}): `gpusched gpus --enable {i}` once it is fixed"
+        )
+    return 0
+
+
+def _enable_gpus(text: str) -> int:
+    from gpusched import daemon
+
+    wanted: list[int] | None = None
+    if text.strip() != "all":
+        try:
+            wanted = [int(part) for part in text.split(",")]
+        except ValueError:
+            raise UsageError(
+                f"--enable {text!r}: give GPU indices separated by commas (3 or 1,3) or all"
+            ) from None
+        if any(g < 0 for g in wanted):
+            raise UsageError(f"--enable {text!r}: GPU indices are 0 or more")
+    store = _store()
+    back = store.enable_gpus(wanted)
+    daemon.wake(_home())
+    for g in back:
+        print(f"GPU {g} is back in service: jobs are placed on it again")
+    for g in wanted or ():
+        if g not in back:
+            print(f"GPU {g} was not out of service")
+    if wanted is None and not back:
+        print("no GPU was out of service")
     return 0
 
 

@@ -75,6 +75,7 @@ class Outcome(enum.StrEnum):
     CANCELLED = "cancelled"
     LOST = "lost"  # vanished with no exit record
     TIMEOUT = "timeout"  # stopped by gpusched for running past a suite limit (time, silence)
+    GPU_FAULT = "gpu_fault"  # the card failed under the job (ECC, fell off the bus): not the job's fault
 
 
 class StepKind(enum.StrEnum):

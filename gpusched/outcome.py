@@ -10,8 +10,8 @@ Pure functions over plain values, no clock, file or process:
   :class:`~gpusched.model.Step` (done, requeue at some tier, fail, cancel);
 * :func:`past_limit` says whether a running attempt passed its suite's time or silence limit.
 
-Every message that proves an out-of-memory death is in one table, :data:`SIGNATURES`; the
-messages that merely look like one are in :data:`LOOK_ALIKES`.
+Every message that proves an out-of-memory death, or a GPU that failed under its job, is in
+one table, :data:`SIGNATURES`; the messages that merely look like an OOM are in :data:`LOOK_ALIKES`.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class Signature(Struct, frozen=True, kw_only=True):
     needs a regular expression). ``label`` is the sentence that becomes the reason."""
 
     text: str
-    outcome: Outcome  # OOM or HOST_OOM
+    outcome: Outcome  # OOM, HOST_OOM or GPU_FAULT
     label: str
     source: str
     pattern: re.Pattern[str]
@@ -93,7 +93,7 @@ def _sig(text: str, outcome: Outcome, label: str, source: str, pattern: str | No
     return Signature(text=text, outcome=outcome, label=label, source=source, pattern=compiled)
 
 
-_OOM, _HOST = Outcome.OOM, Outcome.HOST_OOM
+_OOM, _HOST, _GPU = Outcome.OOM, Outcome.HOST_OOM, Outcome.GPU_FAULT
 
 #: Every message that proves an out-of-memory death, most specific first: the first entry
 #: that matches a line names it. GPU entries come from PyTorch's allocators and CUDA/ROCm
@@ -142,6 +142,18 @@ SIGNATURES: tuple[Signature, ...] = (
     # Python's own MemoryError (and numpy's _ArrayMemoryError), only as an exception line.
     _sig("MemoryError", _HOST, "host RAM exhausted (MemoryError)", "Python",
          r"^(?:[A-Za-z_]\w*\.)*_?(?:Array)?MemoryError(?::|$)"),
+    # The card itself failed (the kernel logs an Xid): the job would have run anywhere else.
+    # Only errors that a program cannot cause: not illegal memory accesses or launch
+    # failures, which are usually the job's own bug.
+    _sig("uncorrectable ECC error encountered", _GPU, "the GPU hit an uncorrectable ECC error",
+         "CUDA runtime (cudaErrorECCUncorrectable)"),
+    _sig("uncorrectable NVLink error detected during the execution", _GPU,
+         "the GPU hit an uncorrectable NVLink error", "CUDA runtime (cudaErrorNvlinkUncorrectable)"),
+    _sig("CUDA error: unknown error", _GPU, "the GPU failed (CUDA error: unknown error)",
+         "CUDA runtime (cudaErrorUnknown), as a card that fell off the bus gives it"),
+    _sig("no CUDA-capable device is detected", _GPU, "the GPU given to the job is gone",
+         "CUDA runtime (cudaErrorNoDevice): the card gpusched gave by UUID is not there"),
+    _sig("GPU is lost", _GPU, "the GPU is lost (the driver says: reboot to recover it)", "NVML / nvidia-smi"),
 )
 # fmt: on
 
@@ -180,8 +192,8 @@ def classify(
     4. exit code 0 -> ``OK`` (the log is not read);
     5. the trainer reported OOM (``oom_reported`` or exit code ``OOM_EXIT_CODE``) -> ``OOM``,
        unless the only OOM-looking line in the log is the "more than 1EB" bug (-> ``ERROR``);
-    6. the last line of ``log_tail`` that matches a :data:`SIGNATURES` entry -> ``OOM`` or
-       ``HOST_OOM`` (lines matching :data:`LOOK_ALIKES`, source lines of a traceback and
+    6. the last line of ``log_tail`` that matches a :data:`SIGNATURES` entry -> ``OOM``,
+       ``HOST_OOM`` or ``GPU_FAULT`` (lines matching :data:`LOOK_ALIKES`, source lines of a traceback and
        signatures quoted as data, e.g. in a printed config, do not count);
     7. SIGKILL (exit code 137, -9 or signal 9) -> ``HOST_OOM``: gpusched's own kills are
        cancels, so this is most likely the kernel OOM killer;
@@ -286,8 +298,8 @@ def _quoted_as_data(text: str, start: int, end: int) -> bool:
 
 def _from_hit(lines: list[_Line], index: int, sig: Signature) -> Classification:
     line = _clip(lines[index].raw, _LINE_MAX)
-    if sig.outcome is Outcome.HOST_OOM:
-        return Classification(outcome=Outcome.HOST_OOM, reason=sig.label, line=line)
+    if sig.outcome is not Outcome.OOM:  # host OOM, GPU fault: the label says it all
+        return Classification(outcome=sig.outcome, reason=sig.label, line=line)
     message = _message_block(lines, index)
     memory = _card_memory(message)
     if memory is not None:
@@ -474,6 +486,7 @@ def next_step(
     retry: RetryPolicy,
     now: float,
     max_lost: int = 3,
+    faults_so_far: int = 0,
 ) -> Step:
     """What to do with the job whose attempt at ``tiers[tier]`` (on ``gpu``) ended as ``c``.
 
@@ -490,7 +503,10 @@ def next_step(
       tier that does counts as lowering it), else the next tier, or ``FAIL`` at the last;
     * ``ERROR`` and ``TIMEOUT`` -> while ``errors_so_far < retry.errors``, the same tier with
       ``not_before = now + retry.backoff_s * 2**errors_so_far``; then ``FAIL`` with ``c.reason``;
-    * ``LOST`` -> the same tier, until ``lost_so_far >= max_lost``: then ``FAIL``.
+    * ``LOST`` -> the same tier, until ``lost_so_far >= max_lost``: then ``FAIL``;
+    * ``GPU_FAULT`` -> the same tier with ``avoid_gpu=gpu``, until ``faults_so_far >= max_lost``
+      (earlier attempts that ended ``GPU_FAULT``): then ``FAIL``, since a job that breaks
+      every card it is given is more likely the cause than the cards.
 
     Never raises. When ``tier`` does not index ``tiers`` (the suite is gone, or its plan
     lost tiers), an outcome that would requeue gives ``FAIL`` with a reason that says so.
@@ -510,6 +526,8 @@ def next_step(
             return _after_host_oom(tier, tiers)
         case Outcome.LOST:
             return _after_lost(tier, tiers, lost_so_far, max_lost)
+        case Outcome.GPU_FAULT:
+            return _after_gpu_fault(c, tier, tiers, gpu, faults_so_far, max_lost)
         case _:
             return _after_error(c, tier, errors_so_far, retry, now)
 
@@ -569,3 +587,17 @@ def _after_lost(tier: int, tiers: Sequence[Tier], lost_so_far: int, max_lost: in
         )
     reason = f"lost (no exit record) → requeued at tier {tiers[tier].name} ({lost_so_far + 1} of {max_lost})"
     return Step(kind=StepKind.REQUEUE, tier=tier, reason=reason)
+
+
+def _after_gpu_fault(
+    c: Classification, tier: int, tiers: Sequence[Tier], gpu: int | None, faults_so_far: int, max_lost: int
+) -> Step:
+    if faults_so_far >= max_lost:
+        return Step(
+            kind=StepKind.FAIL,
+            tier=tier,
+            reason=f"{c.reason}; the GPU failed under {faults_so_far + 1} of its attempts, gave up",
+        )
+    where = f", away from GPU {gpu}" if gpu is not None else ""
+    reason = f"{c.reason} → requeued at tier {tiers[tier].name}{where} (not counted against the job)"
+    return Step(kind=StepKind.REQUEUE, tier=tier, reason=_clip(reason, _REASON_MAX), avoid_gpu=gpu)

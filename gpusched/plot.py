@@ -24,6 +24,7 @@ COLORS = {
     "host_oom": "#8e24aa",
     "error": "#fb8c00",
     "timeout": "#6d4c41",
+    "gpu_fault": "#000000",
     "lost": "#757575",
     "cancelled": "#b0bec5",
     "running": "#1e88e5",

@@ -137,6 +137,16 @@ class NewAttempt(Struct, frozen=True, kw_only=True):
     prediction_source: str | None = None
 
 
+class GpuOut(Struct, frozen=True, kw_only=True):
+    """A GPU out of service: since when, after how many faults in a row, the last one's job
+    and why."""
+
+    since: float
+    faults: int
+    job_id: str
+    why: str
+
+
 def _as_dict(r: sqlite3.Row) -> dict[str, Any]:
     """``dict(r)``, three times faster: ``dict(r)`` looks every column up by name (a scan
     of the names), zip pairs them by position (``status`` reads 10k rows)."""

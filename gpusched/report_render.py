@@ -21,6 +21,7 @@ OUTCOME_STYLE = {
     "host_oom": "magenta",
     "error": "red",
     "timeout": "red",
+    "gpu_fault": "bold magenta",
     "lost": "yellow",
     "cancelled": "dim",
     "running": "cyan",

@@ -36,7 +36,7 @@ from gpusched.model import (
     StepKind,
     Suite,
 )
-from gpusched.store import AttemptRow, JobRow, NewAttempt, Store, SuiteRow
+from gpusched.store import AttemptRow, GpuOut, JobRow, NewAttempt, Store, SuiteRow
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,7 @@ class Settings(Struct, kw_only=True):
     disk_min: disk.DiskLimit = field(default_factory=disk.disk_limit_from_env)  # ... and on a suite's disk
     cancel_grace_s: float = 10.0  # SIGTERM, then SIGKILL to the group after this long
     max_lost: int = 3
+    gpu_out_after: int = 2  # this many GPU faults in a row on one card take it out of service
     wake_path: str | None = None  # FIFO the wrapper pokes when a job ends
     candidates: int = 256  # queued jobs considered per tick (keeps a tick cheap at 10k queued)
 
@@ -208,14 +209,34 @@ class Scheduler:
         )
         step = self._next_step(job, a, result, now)
         self.store.finish_attempt(a.id, exit=exit_rec, result=result, step=step, now=now)
+        if a.gpu is not None and a.backend != "slurm":  # (on Slurm the cluster owns its cards)
+            self._count_fault(a, result, now)
         self._term_sent.pop(a.id, None)
         self.memory.ended(a, result.outcome, now, reported_peak_mib=exit_rec.peak_mib if exit_rec else None)
         self.on_event(f"{a.job_id}: attempt {a.n} ({a.tier_name}) {result.outcome.value} -> {step.reason}")
         return result.outcome
 
+    def _count_fault(self, a: AttemptRow, result: Classification, now: float) -> None:
+        """A card that failed under its jobs ``gpu_out_after`` times in a row goes out of
+        service (a success in between starts the count again): else it would fail every job
+        placed there, and, as its slots free fastest, take most of the queue down with it."""
+        assert a.gpu is not None
+        if result.outcome is Outcome.OK:
+            self.store.gpu_ok(a.gpu)
+        elif result.outcome is Outcome.GPU_FAULT:
+            why = f"{result.reason}" + (f": {result.line}" if result.line else "")
+            if self.store.gpu_fault(a.gpu, a.job_id, why, now=now, out_after=self.settings.gpu_out_after):
+                self.on_event(
+                    f"GPU {a.gpu} out of service after {self.settings.gpu_out_after} faults in a row "
+                    f"(last: {a.job_id}: {why}); `gpusched gpus --enable {a.gpu}` once it is fixed"
+                )
+
     def _next_step(self, job: JobRow, a: AttemptRow, result: Classification, now: float) -> Step:
         suite = self._suite(job.suite)
         tiers = suite.suite.tiers if suite else ()
+        faults = (
+            self.store.count_outcomes(job.id, Outcome.GPU_FAULT) if result.outcome is Outcome.GPU_FAULT else 0
+        )
         return outcome.next_step(
             result,
             tier=a.tier,
@@ -226,6 +247,7 @@ class Scheduler:
             retry=suite.suite.retry if suite else RetryPolicy(),
             now=now,
             max_lost=self.settings.max_lost,
+            faults_so_far=faults,
         )
 
     # ------------------------------------------------------------------ stop: cancels and limits
@@ -337,6 +359,9 @@ class Scheduler:
             now=now,
         )
         base = self._views(live, gpus, att, now)
+        out = self.store.gpus_out()
+        if out:  # no job is placed on a card that kept failing under jobs
+            base = {i: v for i, v in base.items() if i not in out}
         if not live:
             self.memory.holds.clear()  # nothing to drain: an empty card is free for all
         views = list(memory.held_views(base, self.memory.holds).values())
@@ -362,6 +387,8 @@ class Scheduler:
             launches.append((by_id[p.job_id], replace(p, reason=reason), d.prediction(p.tier)))
         self._launch(launches, gpus, now, report)
         self._hold(demand, starved, waits, list(base.values()), room)
+        if out:
+            self._say_out(waits, by_id, out)
         self.store.set_waits(
             {j: why for j, why in waits.items() if by_id[j].wait_reason != why}
         )  # changes only
@@ -396,6 +423,18 @@ class Scheduler:
             held = [g for g, j in self.memory.holds.items() if j == job_id]
             suffix = f"; GPU {held[0]} is kept free for it" if held else ""
             waits[job_id] = f"{note}; {why}{suffix}" if note else f"{why}{suffix}"
+
+    def _say_out(self, waits: dict[str, str], by_id: Mapping[str, JobRow], out: Mapping[int, GpuOut]) -> None:
+        """The why of a job whose every GPU of its plan is out of service."""
+        for job_id in waits:
+            suite = self._suite(by_id[job_id].suite)
+            plan = suite.gpu_plan.gpus if suite else ()
+            if plan and all(g in out for g in plan):
+                listed = ",".join(map(str, plan))
+                waits[job_id] = (
+                    f"every GPU of its plan is out of service ({listed}; GPU {plan[0]}: {out[plan[0]].why}); "
+                    f"`gpusched gpus --enable {listed}` once fixed"
+                )
 
     def _backend(self, suite_name: str) -> str | None:
         suite = self._suite(suite_name)

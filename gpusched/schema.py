@@ -92,14 +92,6 @@ CREATE TABLE IF NOT EXISTS settles (
     attempt_id INTEGER PRIMARY KEY REFERENCES attempts(id),
     mib INTEGER NOT NULL
 );
--- attempts gpusched is stopping at a suite limit (limits.time, limits.silence), and why: kept
--- in the database so that a daemon restarted between the SIGTERM and the reap still reaps
--- the attempt as a timeout, not as the error its signal would look like
-CREATE TABLE IF NOT EXISTS stops (
-    attempt_id INTEGER PRIMARY KEY REFERENCES attempts(id),
-    reason TEXT NOT NULL,
-    at REAL NOT NULL
-);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     at REAL NOT NULL,
@@ -117,3 +109,31 @@ CREATE TABLE IF NOT EXISTS gpu_samples (
 );
 CREATE INDEX IF NOT EXISTS gpu_samples_at ON gpu_samples(at);
 """
+
+#: Tables added since schema 1 (the version did not change: a database without them gains them
+#: on its next read-write open). A read-only open of such a database (``status`` beside an
+#: older daemon) gets each as an empty TEMP table of the same shape: SQLite resolves a name to
+#: the temp schema before the main one, so the readers need no second path.
+ADDED_TABLES: dict[str, str] = {
+    # attempts gpusched is stopping at a suite limit (limits.time, limits.silence), and why:
+    # kept in the database so that a daemon restarted between the SIGTERM and the reap still
+    # reaps the attempt as a timeout, not as the error its signal would look like
+    "stops": """(
+        attempt_id INTEGER PRIMARY KEY REFERENCES attempts(id),
+        reason TEXT NOT NULL,
+        at REAL NOT NULL
+    )""",
+    # GPUs that failed under jobs (outcome gpu_fault): faults in a row (a success there starts
+    # the count again) and, once there were too many, since when the GPU is out of service: no
+    # job is placed on it until `gpusched gpus --enable` deletes its row
+    "gpu_faults": """(
+        gpu INTEGER PRIMARY KEY,
+        faults INTEGER NOT NULL,
+        last_job TEXT NOT NULL,
+        last_why TEXT NOT NULL,
+        last_at REAL NOT NULL,
+        out_since REAL
+    )""",
+}
+
+SCHEMA += "".join(f"CREATE TABLE IF NOT EXISTS {name} {cols};\n" for name, cols in ADDED_TABLES.items())

@@ -30,13 +30,14 @@ from gpusched.model import (
     GpuPlan,
     JobSpec,
     JobState,
+    Outcome,
     Step,
     StepKind,
     Suite,
     check_transition,
 )
-from gpusched.records import AttemptRow, JobRow, NewAttempt, SubmitResult, SuiteRow
-from gpusched.schema import SCHEMA, SCHEMA_VERSION
+from gpusched.records import AttemptRow, GpuOut, JobRow, NewAttempt, SubmitResult, SuiteRow
+from gpusched.schema import ADDED_TABLES, SCHEMA, SCHEMA_VERSION
 
 ACTIVE_STATES = (JobState.QUEUED.value, JobState.RUNNING.value)
 
@@ -94,6 +95,10 @@ class Store:
             raise StoreError(
                 f"{self.path} was written by a newer gpusched (schema {row['value']}): upgrade gpusched"
             )
+        have = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        for name, cols in ADDED_TABLES.items():
+            if name not in have:  # an older gpusched's database: read as empty
+                self.db.execute(f"CREATE TEMP TABLE IF NOT EXISTS {name} {cols}")
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
@@ -565,6 +570,57 @@ class Store:
             " WHERE a.state != 'exited'"
         )
         return {r[0]: (r[1], r[2]) for r in self.db.execute(q)}
+
+    def gpu_fault(self, gpu: int, job_id: str, why: str, *, now: float, out_after: int) -> bool:
+        """Count a fault of ``gpu`` under ``job_id``; at ``out_after`` in a row the GPU goes out
+        of service. True when this fault took it out."""
+        with self.tx():
+            self.db.execute(
+                "INSERT INTO gpu_faults (gpu, faults, last_job, last_why, last_at) VALUES (?, 1, ?, ?, ?)"
+                " ON CONFLICT (gpu) DO UPDATE SET faults = faults + 1, last_job = excluded.last_job,"
+                " last_why = excluded.last_why, last_at = excluded.last_at",
+                (gpu, job_id, why, now),
+            )
+            cur = self.db.execute(
+                "UPDATE gpu_faults SET out_since = ? WHERE gpu = ? AND faults >= ? AND out_since IS NULL",
+                (now, gpu, out_after),
+            )
+            if cur.rowcount:
+                self._event(now, job_id, "gpu_out", f"GPU {gpu} out of service: {why}")
+            return bool(cur.rowcount)
+
+    def gpu_ok(self, gpu: int) -> None:
+        """A job succeeded on ``gpu``: its faults so far were not in a row (an out-of-service
+        GPU stays out: only a person brings it back)."""
+        self.db.execute("DELETE FROM gpu_faults WHERE gpu = ? AND out_since IS NULL", (gpu,))
+
+    def count_outcomes(self, job_id: str, outcome: Outcome) -> int:
+        """How many of the job's ended attempts ended ``outcome``."""
+        q = "SELECT COUNT(*) FROM attempts WHERE job_id = ? AND outcome = ?"
+        return int(self.db.execute(q, (job_id, outcome.value)).fetchone()[0])
+
+    def gpus_out(self) -> dict[int, GpuOut]:
+        """The GPUs out of service, by index."""
+        q = "SELECT * FROM gpu_faults WHERE out_since IS NOT NULL ORDER BY gpu"
+        return {
+            r["gpu"]: GpuOut(
+                since=r["out_since"], faults=r["faults"], job_id=r["last_job"], why=r["last_why"]
+            )
+            for r in self.db.execute(q)
+        }
+
+    def enable_gpus(self, gpus: Sequence[int] | None) -> list[int]:
+        """Put GPUs back in service (None: all) and forget their faults; the ones that were out."""
+        with self.tx():
+            out = sorted(self.gpus_out())
+            back = out if gpus is None else [g for g in out if g in gpus]
+            if gpus is None:
+                self.db.execute("DELETE FROM gpu_faults")
+            else:
+                self.db.executemany("DELETE FROM gpu_faults WHERE gpu = ?", [(g,) for g in gpus])
+            for g in back:
+                self._event(time.time(), None, "gpu_in", f"GPU {g} back in service")
+            return back
 
     def retry(self, job_id: str, *, tier: int | None, now: float | None = None) -> JobRow:
         """Queue a failed/cancelled/succeeded job again (at ``tier``, default: where it ended)."""

@@ -21,7 +21,7 @@ from gpusched import memory, memwatch, status_rows
 from gpusched.disk import LAUNCH_WAIT_FLAG
 from gpusched.model import GpuState
 from gpusched.placement import DEFAULT_HEADROOM_FRAC
-from gpusched.store import AttemptRow, Store, SuiteRow
+from gpusched.store import AttemptRow, GpuOut, Store, SuiteRow
 
 QUIET_SHOWN_S = 600  # a running job whose log has not grown this long says so in the table
 MAX_TABLE_JOBS = 40  # rows of the plain table: running and failed first; the rest is summed up by state
@@ -130,7 +130,8 @@ def status(
                 slots[g] = max(slots.get(g, 0), n)
     att = attribution(gpus, live, trees)
     gdocs = []
-    indices = sorted({g.index for g in gpus} | set(slots))
+    out = store.gpus_out()
+    indices = sorted({g.index for g in gpus} | set(slots) | set(out))
     by_index = {g.index: g for g in gpus}
     for i in indices:
         gpu = by_index.get(i)
@@ -146,6 +147,7 @@ def status(
                 "slots": slots.get(i, 0),
                 "running": running_on[i],
                 "outside_mib": att.outside_mib.get(i, 0) if gpu else None,  # held by processes not ours
+                "out_of_service": _out_doc(out[i]) if i in out else None,
                 "processes": [
                     _process_doc(att, i, p.pid, p.used_mib) for p in (gpu.processes if gpu else ())
                 ],
@@ -199,6 +201,10 @@ def _complete_running(
     for i, d in zip(at, docs, strict=True):
         entries[i] = json.dumps(d)
     return entries
+
+
+def _out_doc(o: GpuOut) -> dict[str, Any]:
+    return {"since": o.since, "faults": o.faults, "job_id": o.job_id, "why": o.why}
 
 
 def _quiet_s(log: str, now: float) -> float | None:
@@ -348,6 +354,16 @@ def format_status(
         out.append(paint(f"launches wait: {doc['host']['wait']}", "bold yellow"))
     if doc.get("launch_wait"):
         out.append(paint(f"launches wait: {_clean(doc['launch_wait'])}", "bold yellow"))
+    for g in doc["gpus"]:
+        if g.get("out_of_service"):
+            o = g["out_of_service"]
+            at = time.strftime("%H:%M:%S", time.localtime(o["since"]))
+            line = (
+                f"GPU {g['index']} OUT OF SERVICE since {at}, after {o['faults']} faults in a row "
+                f"(last: {o['job_id']}: {_clean(o['why'])}): no job is placed there; "
+                f"`gpusched gpus --enable {g['index']}` once it is fixed"
+            )
+            out.append(paint(line, "bold red"))
     if doc["gpus"]:
         heads = ["GPU", "memory used / total GiB", "free GiB", "util", "slots", "outside processes"]
         out += _table("GPUs", heads, [_gpu_cells(g) for g in doc["gpus"]], width, paint)

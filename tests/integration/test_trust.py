@@ -259,6 +259,39 @@ def test_a_hung_job_is_stopped_at_its_silence_limit_and_the_queue_goes_on(
     assert dead(wrapper_pid(gs_home, "quiet/hung")[0])
 
 
+def test_a_broken_gpu_goes_out_of_service_and_does_not_take_the_queue_down(
+    gs_home: Path, project: Path
+) -> None:
+    """GPU 1 fails every job placed on it with an uncorrectable ECC error. Without a rule its
+    slot frees fastest and it would fail most of the queue; now after two faults in a row it
+    is out of service, every job succeeds on GPU 0, and `gpus --enable` brings it back."""
+    ecc = "RuntimeError: CUDA error: uncorrectable ECC error encountered"
+    script = f'if [ "$CUDA_VISIBLE_DEVICES" = 1 ]; then echo "{ecc}" >&2; exit 1; fi'
+    write_plan(project, "ecc", script, [f"j{i}" for i in range(6)])
+    run_cli("submit", "--suite", "ecc", "--gpu-plan", "1,1", "--backend", "subprocess", cwd=project, env=FAKE)
+    assert run_cli("wait", "--suite", "ecc", cwd=project, timeout=90).returncode == 0  # all succeeded
+    doc = json.loads(run_cli("status", "--json", cwd=project, check=True).stdout)
+    out = {g["index"]: g["out_of_service"] for g in doc["gpus"]}
+    assert out[0] is None and out[1]["faults"] == 2
+    assert out[1]["why"] == f"the GPU hit an uncorrectable ECC error: {ecc}"
+    jobs = store(gs_home).jobs(suite="ecc")
+    attempts = [a for j in jobs for a in store(gs_home).attempts(j.id)]
+    assert sum(a.outcome == "gpu_fault" for a in attempts) == 2 and all(j.errors == 0 for j in jobs)
+    text = run_cli("status", cwd=project, env={"COLUMNS": "300"}, check=True).stdout
+    assert "GPU 1 OUT OF SERVICE since" in text
+    listed = run_cli("gpus", cwd=project, env=FAKE, check=True).stdout
+    assert "GPU 1 is out of service after 2 faults in a row" in listed
+
+    bad = run_cli("gpus", "--enable", "one", cwd=project)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--enable 'one'" in bad.stderr
+    r = run_cli("gpus", "--enable", "1,3", cwd=project, check=True)
+    assert r.stdout.splitlines() == [
+        "GPU 1 is back in service: jobs are placed on it again",
+        "GPU 3 was not out of service",
+    ]
+    assert store(gs_home).gpus_out() == {}
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_cancel_sigkills_a_job_that_ignores_sigterm_after_the_grace_period(
     gs_home: Path, project: Path, backend: str

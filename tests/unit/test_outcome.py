@@ -232,6 +232,16 @@ SIGNATURE_LINES: dict[str, str] = {
         "numpy.core._exceptions._ArrayMemoryError: Unable to allocate 7.45 GiB for an array with "
         "shape (1000000000,) and data type float64"
     ),
+    "uncorrectable ECC error encountered": "RuntimeError: CUDA error: uncorrectable ECC error encountered",
+    "uncorrectable NVLink error detected during the execution": (
+        "RuntimeError: CUDA error: uncorrectable NVLink error detected during the execution"
+    ),
+    "CUDA error: unknown error": "RuntimeError: CUDA error: unknown error",
+    "no CUDA-capable device is detected": "RuntimeError: CUDA error: no CUDA-capable device is detected",
+    "GPU is lost": (
+        "Unable to determine the device handle for GPU0000:3B:00.0: GPU is lost.  Reboot the system "
+        "to recover this GPU"
+    ),
 }
 
 
@@ -604,7 +614,7 @@ def test_next_step_stays_on_the_ladder(
         assert s.not_before is None or s.not_before >= 0.0
     else:
         assert s.tier == tier
-    assert s.avoid_gpu is None or (outcome is Outcome.OOM and s.avoid_gpu == gpu)
+    assert s.avoid_gpu is None or (outcome in (Outcome.OOM, Outcome.GPU_FAULT) and s.avoid_gpu == gpu)
 
 
 @given(tiers=tier_lists, contention=st.booleans())

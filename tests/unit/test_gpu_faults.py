@@ -1,0 +1,132 @@
+"""A GPU that fails under its jobs (an uncorrectable ECC error, a card fallen off the bus):
+the job is requeued elsewhere without being charged, and a card that does it twice in a row
+goes out of service instead of failing, one after another, every job placed on it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gpusched import outcome
+from gpusched.model import ExitRecord, GpuPlan, JobState, Outcome, RetryPolicy, StepKind, Tier
+from gpusched.store import Store
+from gpusched.views import format_status, status
+from tests.unit.test_scheduler import World, make_suite
+
+ECC = "RuntimeError: CUDA error: uncorrectable ECC error encountered"
+
+
+def test_a_gpu_fault_requeues_the_job_elsewhere_uncharged_until_every_card_broke_under_it() -> None:
+    c = outcome.classify(ExitRecord(exit_code=1), f"step 9\n{ECC}\n", cancel_requested=False)
+    assert (c.outcome, c.reason, c.line) == (Outcome.GPU_FAULT, "the GPU hit an uncorrectable ECC error", ECC)
+    tiers = (Tier(name="A"), Tier(name="B"))
+    kw = {"tiers": tiers, "gpu": 3, "errors_so_far": 0, "lost_so_far": 0, "retry": RetryPolicy(), "now": 0.0}
+    step = outcome.next_step(c, tier=1, **kw)  # type: ignore[arg-type]
+    assert (step.kind, step.tier, step.avoid_gpu) == (StepKind.REQUEUE, 1, 3)  # no slower tier: not an OOM
+    assert step.reason == (
+        "the GPU hit an uncorrectable ECC error → requeued at tier B, away from GPU 3"
+        " (not counted against the job)"
+    )
+    step = outcome.next_step(c, tier=1, faults_so_far=3, **kw)  # type: ignore[arg-type]
+    assert step.kind is StepKind.FAIL and "failed under 4 of its attempts" in step.reason
+
+
+def test_a_bug_that_looks_like_a_gpu_error_is_the_jobs_own() -> None:
+    for line in (
+        "RuntimeError: CUDA error: an illegal memory access was encountered",
+        "RuntimeError: CUDA error: unspecified launch failure",
+        "RuntimeError: CUDA error: device-side assert triggered",
+    ):
+        c = outcome.classify(ExitRecord(exit_code=1), line, cancel_requested=False)
+        assert c.outcome is Outcome.ERROR, line
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    return World(tmp_path, GpuPlan(gpus=(0, 1), slots=(1, 1)))
+
+
+def end(world: World, job_id: str, *, fault: bool) -> None:
+    token = world.ex.token_of(job_id)
+    world.ex.finish(token, exit_code=1 if fault else 0, output=f"{ECC}\n" if fault else "done\n")
+
+
+def on_gpu(world: World, gpu: int) -> str:
+    (a,) = [a for a in world.store.live_attempts() if a.gpu == gpu]
+    return a.job_id
+
+
+def test_a_card_that_fails_twice_in_a_row_goes_out_of_service_and_the_queue_runs_on_the_rest(
+    world: World, tmp_path: Path
+) -> None:
+    world.submit(make_suite(tmp_path, n=6))
+    world.tick()
+    first = on_gpu(world, 1)
+    end(world, first, fault=True)
+    world.tick()  # reaped: requeued, away from GPU 1; GPU 1 has one fault, still in service
+    job = world.store.job(first)
+    assert job is not None and job.state in (JobState.QUEUED, JobState.RUNNING) and job.errors == 0
+    assert world.store.gpus_out() == {}
+    second = on_gpu(world, 1)  # (the same job: GPU 1 was the only free card, avoid_gpu is a preference)
+    end(world, second, fault=True)
+    world.tick()
+    out = world.store.gpus_out()
+    assert list(out) == [1] and out[1].faults == 2 and out[1].job_id == second
+    assert out[1].why == f"the GPU hit an uncorrectable ECC error: {ECC}"
+    for _ in range(20):  # the rest of the night: everything runs on GPU 0, nothing on GPU 1
+        for a in world.store.live_attempts():
+            end(world, a.job_id, fault=False)
+        world.tick()
+        assert all(a.gpu == 0 for a in world.store.live_attempts())
+    assert {j.state for j in world.store.jobs()} == {JobState.SUCCEEDED}
+    assert {a.outcome for a in world.store.attempts(first)} == {"gpu_fault", "ok"}
+
+    doc = status(world.store, [], daemon=None, now=world.now, trees=lambda: {}).doc()
+    gpu1 = next(g for g in doc["gpus"] if g["index"] == 1)
+    assert gpu1["out_of_service"]["faults"] == 2 and gpu1["out_of_service"]["job_id"] == second
+    assert next(g for g in doc["gpus"] if g["index"] == 0)["out_of_service"] is None
+    text = format_status(doc, width=400)
+    assert "GPU 1 OUT OF SERVICE since " in text and "`gpusched gpus --enable 1` once it is fixed" in text
+
+    assert world.store.enable_gpus([1]) == [1] and world.store.gpus_out() == {}
+    world.submit(make_suite(tmp_path, n=8))  # two more jobs: both cards take them again
+    world.tick()
+    assert sorted(a.gpu for a in world.store.live_attempts()) == [0, 1]
+
+
+def test_a_success_between_two_faults_keeps_the_card_in_service(world: World, tmp_path: Path) -> None:
+    world.submit(make_suite(tmp_path, n=5))
+    world.tick()
+    end(world, on_gpu(world, 1), fault=True)
+    world.tick()
+    end(world, on_gpu(world, 1), fault=False)
+    world.tick()
+    end(world, on_gpu(world, 1), fault=True)
+    world.tick()
+    assert world.store.gpus_out() == {}  # a flaky job or two, not a broken card
+
+
+def test_jobs_whose_every_gpu_is_out_of_service_wait_and_say_why(tmp_path: Path) -> None:
+    world = World(tmp_path, GpuPlan(gpus=(1,), slots=(1,)))
+    world.store.gpu_fault(1, "E0/x", "the GPU is lost", now=1.0, out_after=1)
+    world.submit(make_suite(tmp_path, n=2))
+    assert world.tick().launched == []
+    job = world.store.job("E1/0-task")
+    assert job is not None and job.state is JobState.QUEUED
+    assert job.wait_reason == (
+        "every GPU of its plan is out of service (1; GPU 1: the GPU is lost); "
+        "`gpusched gpus --enable 1` once fixed"
+    )
+
+
+def test_status_reads_a_database_of_an_older_gpusched_read_only(tmp_path: Path) -> None:
+    """`status` opens the database read-only; one written before the stops and gpu_faults
+    tables existed reads as having none of either, instead of failing."""
+    src = Path(__file__).resolve().parent.parent / "data" / "store-v1.db"
+    shutil.copy(src, tmp_path / "gs.db")
+    old = Store(tmp_path / "gs.db", readonly=True)
+    assert old.stops() == {} and old.gpus_out() == {}
+    doc = status(old, [], daemon=None, trees=lambda: {}).doc()
+    assert doc["jobs"] and all(j["stopping"] is None for j in doc["jobs"])
