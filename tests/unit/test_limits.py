@@ -222,7 +222,9 @@ class Stubborn(FakeExecutor):
             self.finish(handle["token"], exit_code=None, signal=9)
 
 
-def test_a_restarted_daemon_still_reaps_a_stopped_job_as_a_timeout_and_kills_it(tmp_path: Path) -> None:
+def past_its_time_limit(tmp_path: Path) -> World:
+    """One job of a suite with a 1 min time limit, whose wrapper ignores SIGTERM, once the
+    scheduler has sent it one."""
     world = World(tmp_path, GpuPlan(gpus=(0,), slots=(1,)))
     world.ex = Stubborn(name="fake")
     world.sched = Scheduler(world.store, FakeProbe.from_spec("1x24GiB"), {"fake": world.ex})
@@ -232,6 +234,11 @@ def test_a_restarted_daemon_still_reaps_a_stopped_job_as_a_timeout_and_kills_it(
     world.now = 200
     world.tick()
     assert [t.split()[0] for t in world.ex.terminated] == ["SIGTERM"]
+    return world
+
+
+def test_a_restarted_daemon_still_reaps_a_stopped_job_as_a_timeout_and_kills_it(tmp_path: Path) -> None:
+    world = past_its_time_limit(tmp_path)
     # the daemon dies; a new one knows from the store that this attempt is being stopped
     world.sched = Scheduler(world.store, FakeProbe.from_spec("1x24GiB"), {"fake": world.ex})
     world.tick()  # SIGTERM again (the new daemon cannot know the first one's time)
@@ -245,14 +252,7 @@ def test_a_restarted_daemon_still_reaps_a_stopped_job_as_a_timeout_and_kills_it(
 
 
 def test_a_job_that_ends_well_inside_the_grace_succeeds(tmp_path: Path) -> None:
-    world = World(tmp_path, GpuPlan(gpus=(0,), slots=(1,)))
-    world.ex = Stubborn(name="fake")
-    world.sched = Scheduler(world.store, FakeProbe.from_spec("1x24GiB"), {"fake": world.ex})
-    world.submit(limited(tmp_path, time_s=60))
-    world.tick()
-    wrapper_started(world, "E1/0-task", at=101)
-    world.now = 200
-    world.tick()
+    world = past_its_time_limit(tmp_path)
     world.ex.finish(world.ex.token_of("E1/0-task"), exit_code=0)  # it was saving its last checkpoint
     world.tick()
     assert world.state("E1/0-task") is JobState.SUCCEEDED
