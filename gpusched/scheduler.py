@@ -189,8 +189,9 @@ class Scheduler:
         return self.reap_attempt(a, exit_rec, now)
 
     def _stopping(self, a: AttemptRow) -> bool:
-        """Being cancelled: reaped only once its whole process group is gone, not when its
-        wrapper has written exit.json, so a child that ignores SIGTERM still gets the SIGKILL."""
+        """Being cancelled or stopped at a limit: reaped only once its whole process group is
+        gone, not when its wrapper has written exit.json, so a child that ignores SIGTERM still
+        gets the SIGKILL."""
         if a.id in self._term_sent or a.id in self._stops:
             return True
         job = self.store.job(a.job_id)
