@@ -20,13 +20,14 @@ if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
 
 def cmd_gpus(args: argparse.Namespace) -> int:
     import msgspec
+    from msgspec.structs import asdict
 
     from gpusched.gpus.select import make_probe
 
     if args.enable is not None:
         return _enable_gpus(args.enable)
     seen = _home().db.exists()  # (looking at the GPUs creates no database)
-    out = {i: msgspec.to_builtins(o) for i, o in _store(readonly=True).gpus_out().items()} if seen else {}
+    out = {i: asdict(o) for i, o in _store(readonly=True).gpus_out().items()} if seen else {}
     probe = make_probe(_probe_spec(args.fake_gpus))
     snap = probe.snapshot()
     if args.json:

@@ -17,11 +17,13 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
+from msgspec.structs import asdict
+
 from gpusched import memory, memwatch, status_rows
 from gpusched.disk import LAUNCH_WAIT_FLAG
 from gpusched.model import GpuState
 from gpusched.placement import DEFAULT_HEADROOM_FRAC
-from gpusched.store import AttemptRow, GpuOut, Store, SuiteRow
+from gpusched.store import AttemptRow, Store, SuiteRow
 
 QUIET_SHOWN_S = 600  # a running job whose log has not grown this long says so in the table
 MAX_TABLE_JOBS = 40  # rows of the plain table: running and failed first; the rest is summed up by state
@@ -147,7 +149,7 @@ def status(
                 "slots": slots.get(i, 0),
                 "running": running_on[i],
                 "outside_mib": att.outside_mib.get(i, 0) if gpu else None,  # held by processes not ours
-                "out_of_service": _out_doc(out[i]) if i in out else None,
+                "out_of_service": asdict(out[i]) if i in out else None,
                 "processes": [
                     _process_doc(att, i, p.pid, p.used_mib) for p in (gpu.processes if gpu else ())
                 ],
@@ -201,10 +203,6 @@ def _complete_running(
     for i, d in zip(at, docs, strict=True):
         entries[i] = json.dumps(d)
     return entries
-
-
-def _out_doc(o: GpuOut) -> dict[str, Any]:
-    return {"since": o.since, "faults": o.faults, "job_id": o.job_id, "why": o.why}
 
 
 def _quiet_s(log: str, now: float) -> float | None:
