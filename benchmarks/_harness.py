@@ -9,6 +9,7 @@ afterwards; nothing touches the user's own queue.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -133,6 +134,7 @@ def warm_bytecode() -> None:
 @contextlib.contextmanager
 def sandbox(keep: bool = False) -> Iterator[Sandbox]:
     warm_bytecode()
+    warn_unjournaled()
     root = Path(tempfile.mkdtemp(prefix="gpusched-bench-"))
     sb = Sandbox(root)
     sb.project.mkdir(parents=True)
@@ -178,9 +180,51 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 
 def machine() -> str:
+    """The machine and the filesystem the sandboxes are made on, for a table's heading."""
     import platform
 
     return (
         f"{os.cpu_count()} cores, {platform.machine()}, Linux {platform.release()}, "
-        f"Python {platform.python_version()}"
+        f"Python {platform.python_version()}, sandbox on {filesystem(tempfile.gettempdir())}"
     )
+
+
+def filesystem(path: str) -> str:
+    """What ``path`` is stored on: the mount point, its type, and for ext4 whether it keeps a
+    journal, e.g. ``/tmp (ext4, no journal)``.
+
+    It matters to every row that writes files: on ext4 *without* a journal, creating an inode
+    scans past each one deleted in the last minutes (ext4 holds them back until their inode
+    table block is surely on disk: ``recently_deleted`` in ``fs/ext4/ialloc.c``), so a sandbox
+    made right after another was deleted costs 1-8 ms per job's seven inodes instead of ~0.5,
+    and a row measures what ran before it. ``mkfs.ext4`` makes a journal by default; a
+    journal-less root is a thing of VMs and containers, and says so in every table."""
+    real = os.path.realpath(path)
+    best = ("/", "?", "?")
+    with contextlib.suppress(OSError), open("/proc/mounts") as f:
+        for line in f:
+            dev, mnt, kind = line.split()[:3]
+            mnt = mnt.replace("\\040", " ")
+            inside = real == mnt or real.startswith(mnt.rstrip("/") + "/")
+            if inside and len(mnt) >= len(best[0]):
+                best = (mnt, kind, dev)
+    mnt, kind, dev = best
+    if kind == "ext4":
+        task = Path("/sys/fs/ext4", os.path.basename(os.path.realpath(dev)), "journal_task")
+        with contextlib.suppress(OSError):
+            kind += ", no journal" if task.read_text().strip() == "<none>" else ", journaled"
+    return f"{mnt} ({kind})"
+
+
+@functools.cache
+def warn_unjournaled() -> None:
+    """One line on stderr, once, when the sandboxes go to an ext4 without a journal (see
+    :func:`filesystem`): its file costs are not a user's disk's."""
+    where = filesystem(tempfile.gettempdir())
+    if "no journal" in where:
+        print(
+            f"note: the sandboxes go to {where}: creating files there costs what was deleted in "
+            "the last minutes; for a user's disk, point TMPDIR at a journaled filesystem "
+            "(see benchmarks/README.md)",
+            file=sys.stderr,
+        )
