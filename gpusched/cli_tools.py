@@ -36,9 +36,13 @@ def cmd_gpus(args: argparse.Namespace) -> int:
         return 0
     if probe.notice():
         print(probe.notice())
-    for g in snap:
-        from gpusched.views import gib
+    from gpusched.model import GPU_LOST_WHY
+    from gpusched.views import gib, out_cause
 
+    for g in snap:
+        if g.lost:
+            print(f"GPU {g.index}  {g.name or '?'}  {g.uuid or '?'}  LOST: {GPU_LOST_WHY}")
+            continue
         print(
             f"GPU {g.index}  {g.name or '?'}  {g.uuid or '?'}  "
             f"{gib(g.used_mib)}/{gib(g.total_mib)} GiB used  "
@@ -46,10 +50,7 @@ def cmd_gpus(args: argparse.Namespace) -> int:
             f"{len(g.processes)} processes"
         )
     for i, o in out.items():
-        print(
-            f"GPU {i} is out of service after {o['faults']} faults in a row (last: {o['job_id']}: "
-            f"{o['why']}): `gpusched gpus --enable {i}` once it is fixed"
-        )
+        print(f"GPU {i} is out of service {out_cause(o)}: `gpusched gpus --enable {i}` once it is fixed")
     return 0
 
 

@@ -210,9 +210,16 @@ class GpuProcess(Struct, frozen=True, kw_only=True):
     used_mib: int | None  # None when the driver does not say
 
 
+#: Why a card that a probe finds ``lost`` is out of service (status, gpus, the event log).
+GPU_LOST_WHY = "the GPU probe finds the card lost (NVML: it fell off the bus, or needs a reset)"
+
+
 class GpuState(Struct, frozen=True, kw_only=True):
     """What a probe saw of one GPU at ``sampled_at``. Unknown values are ``None``: a probe
-    never raises into the scheduler loop."""
+    never raises into the scheduler loop. ``lost``: the driver says the card is gone or
+    must be reset (NVML's GPU_IS_LOST / RESET_REQUIRED, e.g. after an Xid 79 "fallen off the
+    bus"); it answers nothing else until a person resets it, so its other values are the
+    last ones known or ``None``."""
 
     index: int
     uuid: str | None = None
@@ -223,6 +230,7 @@ class GpuState(Struct, frozen=True, kw_only=True):
     util_pct: int | None = None
     processes: tuple[GpuProcess, ...] = ()
     sampled_at: float = 0.0
+    lost: bool = False
 
     def evolve(self, **changes: Any) -> GpuState:
         return replace(self, **changes)

@@ -25,6 +25,7 @@ from gpusched.errors import GpuschedError
 from gpusched.executors import Executor, Handle, LaunchRequest, launch_many
 from gpusched.gpus import Probe
 from gpusched.model import (
+    GPU_LOST_WHY,
     AttemptState,
     Classification,
     ExitRecord,
@@ -138,12 +139,24 @@ class Scheduler:
         self._stop(live, now)
         gpus = self._snapshot() if snapshot is None else snapshot
         self.last_snapshot = gpus
+        if any(g.lost for g in gpus):
+            self._take_out_lost(gpus, now)
         att = self.memory.measure(live, gpus, now)
         paused = self._paused
         self._place(live, gpus, att, now, report)
         if self._paused is not paused:  # a launch failed for want of a resource: say so now
             self._launchable(self._candidates(now), now)
         return report
+
+    def _take_out_lost(self, gpus: list[GpuState], now: float) -> None:
+        """A card the probe finds lost goes out of service at once, as one that failed twice in
+        a row under jobs does: nothing placed there could run, and only a person brings it
+        back (``gpusched gpus --enable``; a card still lost then goes out again)."""
+        out = self.store.gpus_out()
+        for g in gpus:
+            if g.lost and g.index not in out and self.store.gpu_lost(g.index, GPU_LOST_WHY, now=now):
+                fix = f"`gpusched gpus --enable {g.index}` once it is fixed"
+                self.on_event(f"GPU {g.index} out of service: {GPU_LOST_WHY}; {fix}")
 
     def _snapshot(self) -> list[GpuState]:
         """The probe's snapshot; [] (place by slots only) should a probe break its promise

@@ -589,6 +589,21 @@ class Store:
                 self._event(now, job_id, "gpu_out", f"GPU {gpu} out of service: {why}")
             return bool(cur.rowcount)
 
+    def gpu_lost(self, gpu: int, why: str, *, now: float) -> bool:
+        """Take ``gpu`` out of service at once: the probe finds it lost. Its faults under jobs
+        so far are kept; no job is named (``last_job`` ''). True when it was in service."""
+        with self.tx():
+            cur = self.db.execute(
+                "INSERT INTO gpu_faults (gpu, faults, last_job, last_why, last_at, out_since)"
+                " VALUES (?, 0, '', ?, ?, ?) ON CONFLICT (gpu) DO UPDATE SET last_job = '',"
+                " last_why = excluded.last_why, last_at = excluded.last_at, out_since = excluded.out_since"
+                " WHERE out_since IS NULL",
+                (gpu, why, now, now),
+            )
+            if cur.rowcount:
+                self._event(now, None, "gpu_out", f"GPU {gpu} out of service: {why}")
+            return bool(cur.rowcount)
+
     def gpu_ok(self, gpu: int) -> None:
         """A job succeeded on ``gpu``: its faults so far were not in a row (an out-of-service
         GPU stays out: only a person brings it back)."""

@@ -150,6 +150,7 @@ def status(
                 "running": running_on[i],
                 "outside_mib": att.outside_mib.get(i, 0) if gpu else None,  # held by processes not ours
                 "out_of_service": asdict(out[i]) if i in out else None,
+                "lost": bool(gpu and gpu.lost),  # the driver finds the card gone (GPU_IS_LOST)
                 "processes": [
                     _process_doc(att, i, p.pid, p.used_mib) for p in (gpu.processes if gpu else ())
                 ],
@@ -357,8 +358,7 @@ def format_status(
             o = g["out_of_service"]
             at = time.strftime("%H:%M:%S", time.localtime(o["since"]))
             line = (
-                f"GPU {g['index']} OUT OF SERVICE since {at}, after {o['faults']} faults in a row "
-                f"(last: {o['job_id']}: {_clean(o['why'])}): no job is placed there; "
+                f"GPU {g['index']} OUT OF SERVICE since {at}, {out_cause(o)}: no job is placed there; "
                 f"`gpusched gpus --enable {g['index']}` once it is fixed"
             )
             out.append(paint(line, "bold red"))
@@ -374,12 +374,20 @@ def format_status(
     return "\n".join(out)
 
 
+def out_cause(o: dict[str, Any]) -> str:
+    """Why a GPU is out of service, in words that follow "out of service": its faults in a
+    row under jobs and the last one, or (no job to blame) what the probe found."""
+    if not o.get("job_id"):
+        return f"because {_clean(o['why'])}"
+    return f"after {o['faults']} faults in a row (last: {o['job_id']}: {_clean(o['why'])})"
+
+
 def _gpu_cells(g: dict[str, Any]) -> list[tuple[str, str]]:
     """A GPU's row: (text, style) per column."""
     outsiders = [p for p in g["processes"] if not p["ours"]]
     cells = (
         str(g["index"]),
-        f"{gib(g['used_mib'])} / {gib(g['total_mib'])}",
+        f"LOST / {gib(g['total_mib'])}" if g.get("lost") else f"{gib(g['used_mib'])} / {gib(g['total_mib'])}",
         gib(g["free_mib"]),
         "?" if g["util_pct"] is None else f"{g['util_pct']}%",
         f"{g['running']}/{g['slots']}",

@@ -4,7 +4,9 @@ A :class:`FakeProbe` is built from a spec such as ``4x24GiB`` (``GPUSCHED_FAKE_G
 Memory held by "outside" processes comes from an optional ``usage`` callable and/or a JSON
 state file (``GPUSCHED_FAKE_GPU_STATE``) read afresh on every snapshot, e.g.::
 
-    {"0": {"used_mib": 5000, "processes": [{"pid": 1, "used_mib": 5000}]}}
+    {"0": {"used_mib": 5000, "processes": [{"pid": 1, "used_mib": 5000}]}, "2": {"lost": true}}
+
+(``"lost": true``: the card reads as NVML reads one that fell off the bus.)
 
 Like every probe, ``snapshot()`` never raises: a missing or malformed state file reads as
 "no usage".
@@ -38,6 +40,7 @@ class FakeUsage(Struct, frozen=True, kw_only=True):
     used_mib: int = 0
     processes: tuple[GpuProcess, ...] = ()
     util_pct: int | None = None
+    lost: bool = False  # the card is gone: it reads as NVML's GPU_IS_LOST does
 
 
 UsageFn = Callable[[], Mapping[int, FakeUsage]]
@@ -122,10 +125,15 @@ class FakeProbe:
         return enumerate(self.totals_mib)
 
     def _state(self, index: int, total: int, usage: FakeUsage, now: float) -> GpuState:
+        uuid = f"GPU-fake-{index}-{total}mib"
+        if usage.lost:
+            return GpuState(
+                index=index, uuid=uuid, name="Fake GPU", total_mib=total, sampled_at=now, lost=True
+            )
         used = min(max(usage.used_mib, 0), total)
         return GpuState(
             index=index,
-            uuid=f"GPU-fake-{index}-{total}mib",
+            uuid=uuid,
             name="Fake GPU",
             total_mib=total,
             free_mib=total - used,
@@ -170,6 +178,7 @@ def _add(base: FakeUsage | None, extra: FakeUsage) -> FakeUsage:
         used_mib=base.used_mib + extra.used_mib,
         processes=base.processes + extra.processes,
         util_pct=max(utils) if utils else None,
+        lost=base.lost or extra.lost,
     )
 
 
@@ -203,7 +212,8 @@ def _usage_entry(raw: Any) -> FakeUsage | None:
     used = _int_or_none(raw.get("used_mib"))
     if used is None:
         used = sum(p.used_mib or 0 for p in procs)
-    return FakeUsage(used_mib=used, processes=procs, util_pct=_int_or_none(raw.get("util_pct")))
+    util = _int_or_none(raw.get("util_pct"))
+    return FakeUsage(used_mib=used, processes=procs, util_pct=util, lost=raw.get("lost") is True)
 
 
 def _process_entry(raw: Any) -> GpuProcess | None:

@@ -8,11 +8,15 @@ This module is the one boundary where NVML errors become "unknown" (STYLE #9):
   0.1 s (through tenacity, imported only then: a read that works, as nearly all do, does not
   pay its ~15 ms of imports on every ``status``), then gives an "unknown" snapshot: the GPUs
   seen last time with ``None`` values, or ``[]`` when none was ever seen;
-- no driver, no library, no GPU: ``[]`` and a one-line :meth:`NvmlProbe.notice`.
+- no driver, no library, no GPU: ``[]`` and a one-line :meth:`NvmlProbe.notice`;
+- a card the driver calls lost (GPU_IS_LOST, RESET_REQUIRED) is that card's fact, not a
+  failed read: it comes back ``lost`` (with the uuid, name and size seen last), and every
+  other card is read as usual, so one card off the bus does not blind placement on the rest.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable
 from types import ModuleType
@@ -23,6 +27,7 @@ from gpusched.model import GpuProcess, GpuState
 _BYTES_PER_MIB = 1024 * 1024
 _NOT_AVAILABLE = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE as an unsigned long long
 _PROCESS_CALLS = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses")
+_LOST_CODES = (15, 16)  # NVML_ERROR_GPU_IS_LOST, NVML_ERROR_RESET_REQUIRED
 
 
 class NvmlProbe:
@@ -92,7 +97,8 @@ class NvmlProbe:
     def close(self) -> None:
         """Release NVML (optional; NVML counts its initialisations)."""
         if self._nvml is not None:
-            _call(self._nvml.nvmlShutdown)
+            with contextlib.suppress(Exception):
+                self._nvml.nvmlShutdown()
             self._nvml, self._init_tried = None, False
 
     # ------------------------------------------------------------------ internals
@@ -115,7 +121,7 @@ class NvmlProbe:
 
     def _read_with_retry(self, nvml: ModuleType) -> list[GpuState]:
         try:
-            states = read_all(nvml, self._clock())
+            states = read_all(nvml, self._clock(), self._known)
         except Exception:
             if self._attempts == 1:
                 raise
@@ -136,7 +142,7 @@ class NvmlProbe:
             sleep=self._sleep,
             reraise=True,
         )
-        states: list[GpuState] = retrying(read_all, nvml, self._clock())
+        states: list[GpuState] = retrying(read_all, nvml, self._clock(), self._known)
         return states
 
     def _unknown_snapshot(self) -> list[GpuState]:
@@ -147,15 +153,40 @@ class NvmlProbe:
         ]
 
 
-def read_all(nvml: Any, now: float) -> list[GpuState]:
-    """One read of every device. Raises when the device list itself cannot be read."""
+def read_all(nvml: Any, now: float, known: Iterable[GpuState] = ()) -> list[GpuState]:
+    """One read of every device. Raises when the device list itself cannot be read, or a
+    device's handle for any reason but the card being lost: a lost one is :func:`lost_device`,
+    from what ``known`` (the last snapshot) says of it."""
     count = int(nvml.nvmlDeviceGetCount())
-    handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-    return [read_device(nvml, i, handle, now) for i, handle in enumerate(handles)]
+    last = {g.index: g for g in known}
+    states = []
+    for i in range(count):
+        try:
+            states.append(read_device(nvml, i, nvml.nvmlDeviceGetHandleByIndex(i), now))
+        except Exception as err:
+            if not is_lost(err):
+                raise
+            states.append(lost_device(i, last.get(i), now))
+    return states
+
+
+def lost_device(index: int, last: GpuState | None, now: float) -> GpuState:
+    """A card the driver calls lost: what was known of it (uuid, name, size), nothing else."""
+    if last is None:
+        return GpuState(index=index, sampled_at=now, lost=True)
+    return GpuState(
+        index=index, uuid=last.uuid, name=last.name, total_mib=last.total_mib, sampled_at=now, lost=True
+    )
+
+
+def is_lost(err: BaseException) -> bool:
+    """True for NVML's "the card is gone until reset" errors (GPU_IS_LOST, RESET_REQUIRED)."""
+    return type(err).__name__.startswith("NVMLError") and getattr(err, "value", None) in _LOST_CODES
 
 
 def read_device(nvml: Any, index: int, handle: Any, now: float) -> GpuState:
-    """One device; each field that NVML refuses is ``None``."""
+    """One device; each field that NVML refuses is ``None``. Raises when NVML says the card
+    is lost (see :func:`is_lost`)."""
     memory = read_memory(nvml, handle)
     util = _call(nvml.nvmlDeviceGetUtilizationRates, handle)
     return GpuState(
@@ -221,10 +252,13 @@ def describe_error(err: BaseException) -> str:
 
 
 def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    # Per-field boundary: NVML raises NVMLError subclasses, ctypes may raise others.
+    # Per-field boundary: NVML raises NVMLError subclasses, ctypes may raise others. A lost
+    # card is not a field's failure: it goes up to read_all, which marks the card.
     try:
         return fn(*args, **kwargs)
-    except Exception:
+    except Exception as err:
+        if is_lost(err):
+            raise
         return None
 
 

@@ -58,6 +58,7 @@ class SimulatedNvml:
     devices: list[SimDevice]
     calls: list[str] = field(default_factory=list)
     memory_versions: list[Any] = field(default_factory=list)
+    lost: set[int] = field(default_factory=set)  # fallen off the bus: the handle is refused
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         for name in dir(self):
@@ -80,6 +81,8 @@ class SimulatedNvml:
     def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
         if not 0 <= index < len(self.devices):
             raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if index in self.lost:
+            raise nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
         return index
 
     def nvmlDeviceGetUUID(self, handle: int) -> str:
@@ -135,6 +138,7 @@ class Harness:
     total_mib: int
     put_outside: Callable[[int, int, int], None]  # (gpu index, pid, MiB)
     break_backend: Callable[[], None]
+    lose: Callable[[int], None]  # the card falls off the bus
 
 
 def fake_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Harness:
@@ -146,8 +150,13 @@ def fake_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Harness:
     def break_backend() -> None:
         state.write_text("{not json")
 
+    def lose(index: int) -> None:
+        data = json.loads(state.read_text()) if state.exists() else {}
+        data.setdefault(str(index), {})["lost"] = True
+        state.write_text(json.dumps(data))
+
     probe = FakeProbe.from_spec("2x24GiB", state_path=state)
-    return Harness(probe, 2, 24 * GIB_MIB, put_outside, break_backend)
+    return Harness(probe, 2, 24 * GIB_MIB, put_outside, break_backend, lose)
 
 
 def nvml_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Harness:
@@ -162,7 +171,10 @@ def nvml_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Harness:
             if name.startswith("nvmlDevice"):
                 monkeypatch.setattr(pynvml, name, fail)
 
-    return Harness(NvmlProbe(retry_wait_s=0.001), 2, 24 * GIB_MIB, put_outside, break_backend)
+    def lose(index: int) -> None:
+        simulated.lost.add(index)
+
+    return Harness(NvmlProbe(retry_wait_s=0.001), 2, 24 * GIB_MIB, put_outside, break_backend, lose)
 
 
 @pytest.fixture(params=[fake_harness, nvml_harness], ids=["fake", "nvml-simulated"])
@@ -212,6 +224,25 @@ def test_contract_broken_backend_does_not_raise(harness: Harness) -> None:
     assert [s.index for s in states] == list(range(harness.gpus))
     for state in states:
         assert state.free_mib is None or 0 <= state.free_mib <= harness.total_mib
+
+
+def test_contract_a_lost_card_reads_lost_and_the_others_as_before(harness: Harness) -> None:
+    """One card off the bus is that card's fact: it keeps its identity (what a restarted
+    status or the out-of-service record names), has no values, and the others read whole."""
+    before = time.time()
+    seen = harness.probe.snapshot()
+    harness.put_outside(0, 4242, 5000)
+    harness.lose(1)
+    states = harness.probe.snapshot()
+    assert [s.index for s in states] == [0, 1] and [s.lost for s in states] == [False, True]
+    check_snapshot(states[:1], 1, before)
+    assert GpuProcess(pid=4242, used_mib=5000) in states[0].processes
+    lost = states[1]
+    assert (lost.uuid, lost.name, lost.total_mib) == (seen[1].uuid, seen[1].name, seen[1].total_mib)
+    assert (lost.free_mib, lost.used_mib, lost.util_pct, lost.processes) == (None, None, None, ())
+    assert before <= lost.sampled_at <= time.time()
+    notice = harness.probe.notice()
+    assert notice is None or "NVML unavailable" not in notice  # the probe still works
 
 
 # --------------------------------------------------------------------------- real NVML
@@ -623,3 +654,37 @@ def test_make_probe_on_this_machine_never_raises() -> None:
     probe = make_probe(environ={k: v for k, v in os.environ.items() if not k.startswith("GPUSCHED_")})
     assert probe.name in ("nvml", "none")
     assert isinstance(probe.snapshot(), list)
+
+
+@pytest.mark.parametrize("code", [pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_RESET_REQUIRED])
+def test_nvml_a_card_lost_in_any_field_is_lost_not_unknown(
+    sim: SimulatedNvml, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    """A card that answers its handle but refuses its memory as lost (or needing a reset) is
+    lost; any other refusal of a field stays that field's unknown value."""
+    memory = sim.nvmlDeviceGetMemoryInfo
+
+    def lost_on_0(handle: int, version: Any = None) -> SimpleNamespace:
+        if handle == 0:
+            raise nvml_error(code)
+        return memory(handle, version)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", lost_on_0)
+    probe = NvmlProbe()
+    states = probe.snapshot()
+    assert [s.lost for s in states] == [True, False]
+    assert states[0].uuid is None and states[1].free_mib == 24 * GIB_MIB  # nothing known of it before
+    assert probe.problem is None
+
+
+def test_nvml_any_other_handle_error_still_makes_the_read_unknown(
+    sim: SimulatedNvml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a lost card is read around: a handle refused for another reason may be NVML's
+    hiccup, and the read is retried, then unknown as a whole (the probe says why)."""
+    probe = NvmlProbe(retry_wait_s=0.001)
+    probe.snapshot()
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", raiser(nvml_error(pynvml.NVML_ERROR_UNKNOWN)))
+    states = probe.snapshot()
+    assert [(s.lost, s.free_mib) for s in states] == [(False, None), (False, None)]
+    assert probe.problem is not None and "reading GPUs failed" in probe.problem

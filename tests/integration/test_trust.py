@@ -292,6 +292,31 @@ def test_a_broken_gpu_goes_out_of_service_and_does_not_take_the_queue_down(
     assert store(gs_home).gpus_out() == {}
 
 
+def test_a_card_that_falls_off_the_bus_is_out_of_service_before_any_job_fails_on_it(
+    gs_home: Path, project: Path, tmp_path: Path
+) -> None:
+    """The daemon's probe finds GPU 1 lost (as NVML reports GPU_IS_LOST): it goes out of
+    service at once, no job is ever placed there, the queue runs on GPU 0, and `status` and
+    `gpus` say why."""
+    state = tmp_path / "gpu-state.json"
+    state.write_text(json.dumps({"1": {"lost": True}}))
+    env = {**FAKE, "GPUSCHED_FAKE_GPU_STATE": str(state)}
+    write_plan(project, "bus", 'echo "gpu=$CUDA_VISIBLE_DEVICES"', [f"j{i}" for i in range(4)])
+    run_cli("submit", "--suite", "bus", "--gpu-plan", "1,1", "--backend", "subprocess", cwd=project, env=env)
+    assert run_cli("wait", "--suite", "bus", cwd=project, timeout=90).returncode == 0
+    jobs = store(gs_home).jobs(suite="bus")
+    assert {a.gpu for j in jobs for a in store(gs_home).attempts(j.id)} == {0}
+    doc = json.loads(run_cli("status", "--json", cwd=project, check=True).stdout)
+    gpu1 = next(g for g in doc["gpus"] if g["index"] == 1)
+    assert gpu1["lost"] is True
+    assert gpu1["out_of_service"]["why"].startswith("the GPU probe finds the card lost")
+    text = run_cli("status", cwd=project, env={"COLUMNS": "300"}, check=True).stdout
+    assert "GPU 1 OUT OF SERVICE since" in text and "finds the card lost" in text
+    listed = run_cli("gpus", cwd=project, env=env, check=True).stdout
+    assert "LOST: the GPU probe finds the card lost" in listed
+    assert "GPU 1 is out of service because the GPU probe finds the card lost" in listed
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_cancel_sigkills_a_job_that_ignores_sigterm_after_the_grace_period(
     gs_home: Path, project: Path, backend: str

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from gpusched import outcome
-from gpusched.model import ExitRecord, GpuPlan, JobState, Outcome, RetryPolicy, StepKind, Tier
+from gpusched.gpus.fake import FakeProbe, FakeUsage
+from gpusched.model import GPU_LOST_WHY, ExitRecord, GpuPlan, JobState, Outcome, RetryPolicy, StepKind, Tier
 from gpusched.store import Store
 from gpusched.views import format_status, status
 from tests.unit.test_scheduler import World, make_suite
@@ -130,3 +131,47 @@ def test_status_reads_a_database_of_an_older_gpusched_read_only(tmp_path: Path) 
     assert old.stops() == {} and old.gpus_out() == {}
     doc = status(old, [], daemon=None, trees=lambda: {}).doc()
     assert doc["jobs"] and all(j["stopping"] is None for j in doc["jobs"])
+
+
+def test_a_card_the_probe_finds_lost_goes_out_of_service_at_once_and_stays_out_while_lost(
+    world: World, tmp_path: Path
+) -> None:
+    """A card off the bus (NVML: GPU_IS_LOST) is out before any job fails on it; `gpus
+    --enable` while the driver still finds it lost puts it back for one tick only."""
+    lost = {1}
+    world.sched.probe = FakeProbe.from_spec("2x24GiB", usage=lambda: {i: FakeUsage(lost=True) for i in lost})
+    events: list[str] = []
+    world.sched.on_event = events.append
+    world.submit(make_suite(tmp_path, n=4))
+    world.tick()
+    assert [a.gpu for a in world.store.live_attempts()] == [0]  # nothing placed on the lost card
+    out = world.store.gpus_out()
+    assert list(out) == [1] and out[1].job_id == "" and out[1].faults == 0 and out[1].why == GPU_LOST_WHY
+    assert f"GPU 1 out of service: {GPU_LOST_WHY}; `gpusched gpus --enable 1` once it is fixed" in events
+    world.tick()
+    assert sum("out of service" in e for e in events) == 1  # said once, not every tick
+
+    doc = status(world.store, world.sched.last_snapshot, daemon=None, now=world.now, trees=lambda: {}).doc()
+    gpu1 = next(g for g in doc["gpus"] if g["index"] == 1)
+    assert gpu1["lost"] is True and gpu1["out_of_service"]["why"] == GPU_LOST_WHY
+    text = format_status(doc, width=400)
+    assert "GPU 1 OUT OF SERVICE since " in text
+    assert f", because {GPU_LOST_WHY}: no job is placed there" in text
+    assert "LOST / 24.0" in text
+
+    assert world.store.enable_gpus([1]) == [1]
+    world.tick()  # still lost: out again
+    assert list(world.store.gpus_out()) == [1] and [a.gpu for a in world.store.live_attempts()] == [0]
+
+    lost.clear()  # reset by a person, then put back
+    assert world.store.enable_gpus([1]) == [1]
+    world.tick()
+    assert sorted(a.gpu for a in world.store.live_attempts()) == [0, 1] and world.store.gpus_out() == {}
+
+
+def test_a_lost_card_keeps_the_faults_its_jobs_counted(world: World) -> None:
+    world.store.gpu_fault(1, "E1/a", "the GPU is lost", now=1.0, out_after=2)
+    assert world.store.gpu_lost(1, GPU_LOST_WHY, now=2.0) is True
+    assert world.store.gpu_lost(1, GPU_LOST_WHY, now=3.0) is False  # already out
+    out = world.store.gpus_out()[1]
+    assert (out.faults, out.since, out.job_id, out.why) == (1, 2.0, "", GPU_LOST_WHY)
