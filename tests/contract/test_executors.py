@@ -26,6 +26,7 @@ import pytest
 from gpusched import proc
 from gpusched.attempt import AttemptPaths
 from gpusched.executors import WRAPPER, Executor, Handle, LaunchRequest
+from gpusched.executors import tmux as tmux_mod
 from gpusched.executors.subprocess import SubprocessExecutor
 from gpusched.executors.tmux import (
     TmuxExecutor,
@@ -35,6 +36,7 @@ from gpusched.executors.tmux import (
     parse_ids,
     session_name,
 )
+from gpusched.executors.tmux_control import ControlClient
 from gpusched.home import Home
 from tests.helpers import retry_until
 
@@ -397,21 +399,65 @@ def test_relaunch_replaces_the_jobs_window(tmux_bench: Bench) -> None:
     assert "t3" in found and "t0" in found and "t1" not in found and "t2" not in found
 
 
-def test_launch_is_one_tmux_exec(tmux_bench: Bench, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[list[str]] = []
-    real = proc.run
+def count_tmux_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[list[str]]]:
+    """The tmux argvs run from here on: exec'd (``exec``) or written to the control client
+    (``line``)."""
+    calls: dict[str, list[list[str]]] = {"exec": [], "line": []}
+    real_run, real_line = proc.run, ControlClient.run
 
     def counting(cmd: list[str], **kw: Any) -> Any:
-        calls.append(list(cmd))
-        return real(cmd, **kw)
+        calls["exec"].append(list(cmd))
+        return real_run(cmd, **kw)
+
+    def counting_line(self: ControlClient, argv: list[str]) -> Any:
+        calls["line"].append(list(argv))
+        return real_line(self, argv)
 
     monkeypatch.setattr(proc, "run", counting)
+    monkeypatch.setattr(ControlClient, "run", counting_line)
+    return calls
+
+
+@pytest.mark.parametrize("control", [True, False], ids=["control-client", "exec-only"])
+def test_launch_is_one_tmux_command_line(
+    tmux_bench: Bench, monkeypatch: pytest.MonkeyPatch, control: bool
+) -> None:
+    """Each launch is one tmux command line: the first a tmux exec (it starts the server and
+    the session), the next ones lines to the control client attached then; without one (a
+    tmux before 3.2), one exec each."""
+    if not control:
+        monkeypatch.setattr(tmux_mod, "CONTROL_TRIES", 0)
+    calls = count_tmux_calls(monkeypatch)
     b = tmux_bench
-    b.launch(EXIT3, job_name="a")  # starts the server and the session
+    _, first, _ = b.launch(EXIT3, job_name="a")  # starts the server and the session
     b.launch(EXIT3, job_name="b")  # new window
-    b.launch(EXIT3, job_name="a")  # relaunch: replaces a's window in the same exec
-    b.launch(EXIT3, suite="s2", job_name="a")  # another suite: new session
-    assert len(calls) == 4, calls
+    _, again, _ = b.launch(EXIT3, job_name="a")  # relaunch: replaces a's window in the same line
+    _, other, _ = b.launch(EXIT3, suite="s2", job_name="a")  # another suite: new session
+    if control:
+        assert (len(calls["exec"]), len(calls["line"])) == (1, 3), calls
+    else:
+        assert (len(calls["exec"]), len(calls["line"])) == (4, 0), calls
+    assert [exited(p)["exit_code"] for p in (first, again, other)] == [3, 3, 3]
+    windows = b.tx._tmux(["list-windows", "-a", "-F", "#{session_name} #{window_name}"]).stdout.split()
+    assert sorted(zip(windows[::2], windows[1::2], strict=True)) == [("s1", "a"), ("s1", "b"), ("s2", "a")]
+
+
+def test_a_launch_execs_tmux_when_the_control_client_is_gone_and_attaches_a_new_one(
+    tmux_bench: Bench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    b = tmux_bench
+    b.launch(EXIT3, job_name="a")
+    client = b.tx._control
+    assert client is not None and client.alive
+    assert client._proc is not None
+    client._proc.kill()
+    client._proc.wait()
+    calls = count_tmux_calls(monkeypatch)
+    _, paths, _ = b.launch(EXIT3, job_name="b")
+    assert exited(paths)["exit_code"] == 3 and len(calls["exec"]) == 1
+    assert b.tx._control is not None and b.tx._control is not client and b.tx._control.alive
+    _, paths, _ = b.launch(EXIT3, job_name="c")
+    assert exited(paths)["exit_code"] == 3 and (len(calls["exec"]), len(calls["line"])) == (1, 2)
 
 
 def test_a_ticks_launches_are_one_tmux_exec(tmux_bench: Bench, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -419,14 +465,7 @@ def test_a_ticks_launches_are_one_tmux_exec(tmux_bench: Bench, monkeypatch: pyte
     b = tmux_bench
     _, old, _ = b.launch(EXIT3, job_name="a", token="t-old")
     exited(old)
-    calls: list[list[str]] = []
-    real = proc.run
-
-    def counting(cmd: list[str], **kw: Any) -> Any:
-        calls.append(list(cmd))
-        return real(cmd, **kw)
-
-    monkeypatch.setattr(proc, "run", counting)
+    calls = count_tmux_calls(monkeypatch)
     made = [
         b.request(EXIT3, job_name="a", token="t-a"),  # relaunch of a
         b.request(EXIT3, job_name="b", token="t-b"),
@@ -434,7 +473,7 @@ def test_a_ticks_launches_are_one_tmux_exec(tmux_bench: Bench, monkeypatch: pyte
         b.request(EXIT3, suite="s2", job_name="b", token="t-s2b"),  # ... filled in the same call
     ]
     handles = b.tx.launch_many([req for req, _ in made])
-    assert len(calls) == 1, calls
+    assert (len(calls["exec"]), len(calls["line"])) == (0, 1), calls  # one line to the control client
     assert all(isinstance(h, dict) for h in handles)
     b.handles += handles  # type: ignore[arg-type]
     assert [exited(paths)["exit_code"] for _, paths in made] == [3, 3, 3, 3]
@@ -625,3 +664,18 @@ def test_only_the_newest_windows_stay_and_running_ones_never_close(
     # what `gpusched attach` asks before attaching
     assert tmux_bench.ex.shows(long_job) and not tmux_bench.ex.shows({**long_job, "pane": "%999999"})
     (rpaths.dir / "gate").touch()
+
+
+def test_the_control_client_passes_every_argument_literally(tmux_bench: Bench) -> None:
+    """A line to the control client is parsed by tmux, which would expand ``$VAR`` and ``~``
+    and split at ``;``: every argument reaches tmux as the argv path gives it."""
+    b = tmux_bench
+    b.launch(EXIT3, job_name="first")
+    assert b.tx._control is not None and b.tx._control.alive
+    odd = 'we\'ird $HOME ~ "q" {x} # a;'  # (not #{...}: tmux expands a window name's formats)
+    _, paths, _ = b.launch(EXIT3, job_name=odd, env={"ODD": odd})
+    assert exited(paths)["exit_code"] == 3
+    names = b.tx._tmux(["list-windows", "-t", "=s1", "-F", "#{window_name}"]).stdout.splitlines()
+    assert odd in names
+    r = b.tx._control.run(["display-message", "-p", "-t", "=s1", "x", ";", "kill-window", "-t", "@99999"])
+    assert r is not None and r.returncode == 1 and r.stdout == "x\n" and "@99999" in r.stderr
