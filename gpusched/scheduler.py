@@ -41,6 +41,16 @@ from gpusched.store import AttemptRow, GpuOut, JobRow, NewAttempt, Store, SuiteR
 
 log = logging.getLogger(__name__)
 
+#: What an attempt on a card that is lost when it is reaped may have ended as, because of the
+#: card (CUDA says "unspecified launch failure" or nothing at all; it hangs past its limit);
+#: such an end is the card's fault, as an uncorrectable ECC error is.
+_A_LOST_CARD_EXPLAINS = frozenset({Outcome.ERROR, Outcome.TIMEOUT, Outcome.LOST})
+
+
+def lost_stop(gpu: int) -> str:
+    """Why gpusched stops an attempt whose card the probe finds lost."""
+    return f"its GPU {gpu} is lost"
+
 
 class Settings(Struct, kw_only=True):
     headroom_frac: float = 0.10  # keep this share of every card free (seeds: 10-20 %)
@@ -127,20 +137,22 @@ class Scheduler:
         self._term_sent: dict[int, float] = {}
         self._stops: dict[int, tuple[str, float]] = {}  # attempts stopped at a limit: (why, since)
         self.last_snapshot: list[GpuState] = []
+        self._read: tuple[float, list[GpuState]] | None = None  # this tick's probe read: (now, it)
 
     # ------------------------------------------------------------------ the step
 
     def tick(self, now: float, *, snapshot: list[GpuState] | None = None) -> TickReport:
         report = TickReport()
         self._sync_suites()
+        self._read = None if snapshot is None else (now, snapshot)
         live = self.store.live_attempts()
         self._stops = self.store.stops()
         live = self._reap(live, now, report)
         self._stop(live, now)
-        gpus = self._snapshot() if snapshot is None else snapshot
+        gpus = self._gpus(now)
         self.last_snapshot = gpus
         if any(g.lost for g in gpus):
-            self._take_out_lost(gpus, now)
+            self._take_out_lost(gpus, live, now)
         att = self.memory.measure(live, gpus, now)
         paused = self._paused
         self._place(live, gpus, att, now, report)
@@ -148,15 +160,37 @@ class Scheduler:
             self._launchable(self._candidates(now), now)
         return report
 
-    def _take_out_lost(self, gpus: list[GpuState], now: float) -> None:
+    def _take_out_lost(self, gpus: list[GpuState], live: list[AttemptRow], now: float) -> None:
         """A card the probe finds lost goes out of service at once, as one that failed twice in
         a row under jobs does: nothing placed there could run, and only a person brings it
-        back (``gpusched gpus --enable``; a card still lost then goes out again)."""
+        back (``gpusched gpus --enable``; a card still lost then goes out again). The jobs
+        running on it are stopped (they can only fail or hang there; a hung one would hold
+        its slot until morning) and, reaped, requeued on other cards as a GPU fault."""
         out = self.store.gpus_out()
-        for g in gpus:
-            if g.lost and g.index not in out and self.store.gpu_lost(g.index, GPU_LOST_WHY, now=now):
-                fix = f"`gpusched gpus --enable {g.index}` once it is fixed"
-                self.on_event(f"GPU {g.index} out of service: {GPU_LOST_WHY}; {fix}")
+        lost = {g.index for g in gpus if g.lost}
+        for i in sorted(lost - out.keys()):
+            if self.store.gpu_lost(i, GPU_LOST_WHY, now=now):
+                fix = f"`gpusched gpus --enable {i}` once it is fixed"
+                self.on_event(f"GPU {i} out of service: {GPU_LOST_WHY}; {fix}")
+        for a in live:
+            on_it = a.gpu in lost and a.backend != "slurm" and a.state is AttemptState.RUNNING
+            if on_it and a.gpu is not None and a.id not in self._stops:
+                why = lost_stop(a.gpu)
+                self.store.stop_attempt(a.id, a.job_id, why, now=now)
+                self._stops[a.id] = (why, now)
+
+    def _gpus(self, now: float) -> list[GpuState]:
+        """This tick's probe read, taken once: by the first reap that asks, else here."""
+        if self._read is None or self._read[0] != now:
+            self._read = (now, self._snapshot())
+        return self._read[1]
+
+    def _lost_under(self, a: AttemptRow, now: float) -> bool:
+        """Whether the card ``a`` ran on is lost now (read this tick: a job dies with its card
+        before any earlier read could say so). On Slurm the cluster owns its cards."""
+        if a.gpu is None or a.backend == "slurm":
+            return False
+        return any(g.index == a.gpu and g.lost for g in self._gpus(now))
 
     def _snapshot(self) -> list[GpuState]:
         """The probe's snapshot; [] (place by slots only) should a probe break its promise
@@ -221,6 +255,11 @@ class Scheduler:
         result = outcome.classify(
             exit_rec, tail, cancel_requested=job.cancel_requested, stopped_for=stop[0] if stop else None
         )
+        if result.outcome in _A_LOST_CARD_EXPLAINS and self._lost_under(a, now):
+            assert a.gpu is not None
+            how = "stopped" if stop and stop[0] == lost_stop(a.gpu) else result.reason
+            why = f"its GPU {a.gpu} was lost while it ran ({how})"
+            result = Classification(outcome=Outcome.GPU_FAULT, reason=why, line=result.line)
         step = self._next_step(job, a, result, now)
         self.store.finish_attempt(a.id, exit=exit_rec, result=result, step=step, now=now)
         if a.gpu is not None and a.backend != "slurm":  # (on Slurm the cluster owns its cards)

@@ -318,6 +318,32 @@ def test_a_card_that_falls_off_the_bus_is_out_of_service_before_any_job_fails_on
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_job_hung_on_a_card_that_falls_off_the_bus_is_stopped_and_runs_again_on_another(
+    gs_home: Path, project: Path, tmp_path: Path, backend: str
+) -> None:
+    """A job whose card is lost mid-run hangs there (as CUDA calls on a card off the bus do):
+    the daemon stops its process group and reruns it on the other card, uncharged, instead of
+    leaving it to hold its slot until morning."""
+    state = tmp_path / "gpu-state.json"
+    state.write_text("{}")
+    env = {**FAKE, "GPUSCHED_FAKE_GPU_STATE": str(state)}
+    script = 'echo $$ > "$GPUSCHED_ATTEMPT_DIR/job.pid"; if [ "$GPUSCHED_GPU" = 1 ]; then sleep 300; fi'
+    write_plan(project, "bus", script, ["a", "b"])
+    run_cli("submit", "--suite", "bus", "--gpu-plan", "1,1", "--backend", backend, cwd=project, env=env)
+    hung = retry_until(
+        lambda: next((a for a in store(gs_home).live_attempts() if a.gpu == 1), None), timeout=30
+    )
+    hung_pid = int(retry_until(lambda: _text(Path(hung.dir) / "job.pid"), timeout=30))
+    state.write_text(json.dumps({"1": {"lost": True}}))
+    assert run_cli("wait", "--suite", "bus", cwd=project, timeout=90).returncode == 0
+    assert dead(hung_pid)
+    attempts = store(gs_home).attempts(hung.job_id)
+    assert [(a.gpu, a.outcome) for a in attempts] == [(1, "gpu_fault"), (0, "ok")]
+    assert attempts[0].reason == "its GPU 1 was lost while it ran (stopped)"
+    assert f"{hung.job_id}: SIGTERM sent (its GPU 1 is lost)" in (gs_home / "daemon.log").read_text()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_cancel_sigkills_a_job_that_ignores_sigterm_after_the_grace_period(
     gs_home: Path, project: Path, backend: str
 ) -> None:

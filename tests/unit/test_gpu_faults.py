@@ -175,3 +175,69 @@ def test_a_lost_card_keeps_the_faults_its_jobs_counted(world: World) -> None:
     assert world.store.gpu_lost(1, GPU_LOST_WHY, now=3.0) is False  # already out
     out = world.store.gpus_out()[1]
     assert (out.faults, out.since, out.job_id, out.why) == (1, 2.0, "", GPU_LOST_WHY)
+
+
+LAUNCH_FAILURE = "RuntimeError: CUDA error: unspecified launch failure"
+
+
+def lost_world(world: World, lost: set[int], events: list[str]) -> None:
+    world.sched.probe = FakeProbe.from_spec("2x24GiB", usage=lambda: {i: FakeUsage(lost=True) for i in lost})
+    world.sched.on_event = events.append
+
+
+def test_jobs_on_a_card_that_is_lost_are_stopped_and_run_again_on_the_other_cards(
+    world: World, tmp_path: Path
+) -> None:
+    """A job on a card that falls off the bus can only fail or hang there (a hung one would
+    hold its slot until morning): gpusched stops it and requeues it elsewhere, uncharged."""
+    lost: set[int] = set()
+    events: list[str] = []
+    lost_world(world, lost, events)
+    world.submit(make_suite(tmp_path, n=3))
+    world.tick()
+    victim, bystander = on_gpu(world, 1), on_gpu(world, 0)
+    lost.add(1)
+    world.tick()  # read lost: out of service, its job's stop recorded (in the store: a restart keeps it)
+    assert list(world.store.gpus_out()) == [1]
+    assert [why for why, _ in world.store.stops().values()] == ["its GPU 1 is lost"]
+    world.tick()  # signalled
+    assert f"{victim}: SIGTERM sent (its GPU 1 is lost)" in events
+    assert world.ex.terminated == [world.ex.token_of(victim)]
+    world.tick()  # reaped
+    (a,) = world.store.attempts(victim)
+    assert (a.outcome, a.reason) == ("gpu_fault", "its GPU 1 was lost while it ran (stopped)")
+    job = world.store.job(victim)
+    assert job is not None and job.state is JobState.QUEUED and job.errors == 0 and job.lost == 0
+    assert world.state(bystander) is JobState.RUNNING  # the other card's job runs on
+
+    end(world, bystander, fault=False)
+    for _ in range(3):
+        world.tick()
+        for a in world.store.live_attempts():
+            assert a.gpu == 0
+            end(world, a.job_id, fault=False)
+    assert {j.state for j in world.store.jobs()} == {JobState.SUCCEEDED}
+
+
+def test_a_job_that_fails_as_its_card_is_lost_is_not_charged_with_the_cards_failure(
+    world: World, tmp_path: Path
+) -> None:
+    """CUDA tells a job whose card fell off the bus "unspecified launch failure", which on a
+    healthy card is the job's own bug. The card is read when the job is reaped, since the job
+    dies before any earlier read could find the card lost."""
+    lost: set[int] = set()
+    lost_world(world, lost, [])
+    world.submit(make_suite(tmp_path, n=2))
+    world.tick()
+    on_lost, on_healthy = on_gpu(world, 1), on_gpu(world, 0)
+    for job_id in (on_lost, on_healthy):
+        world.ex.finish(world.ex.token_of(job_id), exit_code=1, output=f"step 3\n{LAUNCH_FAILURE}\n")
+    lost.add(1)
+    world.tick()
+    a = world.store.attempts(on_lost)[0]
+    assert a.outcome == "gpu_fault" and a.line == LAUNCH_FAILURE
+    assert a.reason is not None and a.reason.startswith("its GPU 1 was lost while it ran (")
+    job = world.store.job(on_lost)
+    assert job is not None and job.errors == 0 and job.state is not JobState.FAILED
+    b = world.store.attempts(on_healthy)[0]
+    assert b.outcome == "error"  # the same line on a card that is fine is the job's own bug
