@@ -47,6 +47,12 @@ log = logging.getLogger(__name__)
 _A_LOST_CARD_EXPLAINS = frozenset({Outcome.ERROR, Outcome.TIMEOUT, Outcome.LOST})
 
 
+def _our_card(a: AttemptRow) -> int | None:
+    """The card ``a`` runs on, when gpusched owns it: on Slurm the cluster owns its cards
+    (their faults, their loss)."""
+    return None if a.backend == "slurm" else a.gpu
+
+
 def lost_stop(gpu: int) -> str:
     """Why gpusched stops an attempt whose card the probe finds lost."""
     return f"its GPU {gpu} is lost"
@@ -173,9 +179,9 @@ class Scheduler:
                 fix = f"`gpusched gpus --enable {i}` once it is fixed"
                 self.on_event(f"GPU {i} out of service: {GPU_LOST_WHY}; {fix}")
         for a in live:
-            on_it = a.gpu in lost and a.backend != "slurm" and a.state is AttemptState.RUNNING
-            if on_it and a.gpu is not None and a.id not in self._stops:
-                why = lost_stop(a.gpu)
+            card = _our_card(a)
+            if card in lost and a.state is AttemptState.RUNNING and a.id not in self._stops:
+                why = lost_stop(card)
                 self.store.stop_attempt(a.id, a.job_id, why, now=now)
                 self._stops[a.id] = (why, now)
 
@@ -185,12 +191,10 @@ class Scheduler:
             self._read = (now, self._snapshot())
         return self._read[1]
 
-    def _lost_under(self, a: AttemptRow, now: float) -> bool:
-        """Whether the card ``a`` ran on is lost now (read this tick: a job dies with its card
-        before any earlier read could say so). On Slurm the cluster owns its cards."""
-        if a.gpu is None or a.backend == "slurm":
-            return False
-        return any(g.index == a.gpu and g.lost for g in self._gpus(now))
+    def _card_lost(self, card: int, now: float) -> bool:
+        """Whether ``card`` is lost now (read this tick: a job dies with its card before any
+        earlier read could say so)."""
+        return any(g.index == card and g.lost for g in self._gpus(now))
 
     def _snapshot(self) -> list[GpuState]:
         """The probe's snapshot; [] (place by slots only) should a probe break its promise
@@ -255,14 +259,14 @@ class Scheduler:
         result = outcome.classify(
             exit_rec, tail, cancel_requested=job.cancel_requested, stopped_for=stop[0] if stop else None
         )
-        if result.outcome in _A_LOST_CARD_EXPLAINS and self._lost_under(a, now):
-            assert a.gpu is not None
-            how = "stopped" if stop and stop[0] == lost_stop(a.gpu) else result.reason
-            why = f"its GPU {a.gpu} was lost while it ran ({how})"
+        card = _our_card(a)
+        if card is not None and result.outcome in _A_LOST_CARD_EXPLAINS and self._card_lost(card, now):
+            how = "stopped" if stop and stop[0] == lost_stop(card) else result.reason
+            why = f"its GPU {card} was lost while it ran ({how})"
             result = Classification(outcome=Outcome.GPU_FAULT, reason=why, line=result.line)
         step = self._next_step(job, a, result, now)
         self.store.finish_attempt(a.id, exit=exit_rec, result=result, step=step, now=now)
-        if a.gpu is not None and a.backend != "slurm":  # (on Slurm the cluster owns its cards)
+        if card is not None:
             self._count_fault(a, result, now)
         self._term_sent.pop(a.id, None)
         self.memory.ended(a, result.outcome, now, reported_peak_mib=exit_rec.peak_mib if exit_rec else None)
