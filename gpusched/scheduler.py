@@ -154,11 +154,11 @@ class Scheduler:
         live = self.store.live_attempts()
         self._stops = self.store.stops()
         live = self._reap(live, now, report)
-        self._stop(live, now)
         gpus = self._gpus(now)
         self.last_snapshot = gpus
         if any(g.lost for g in gpus):
             self._take_out_lost(gpus, live, now)
+        self._stop(live, now)  # (after: a lost card's jobs are signalled in the tick that finds it)
         att = self.memory.measure(live, gpus, now)
         paused = self._paused
         self._place(live, gpus, att, now, report)

@@ -200,8 +200,7 @@ def test_jobs_on_a_card_that_is_lost_are_stopped_and_run_again_on_the_other_card
     world.tick()  # read lost: out of service, its job's stop recorded (in the store: a restart keeps it)
     assert list(world.store.gpus_out()) == [1]
     assert [why for why, _ in world.store.stops().values()] == ["its GPU 1 is lost"]
-    world.tick()  # signalled
-    assert f"{victim}: SIGTERM sent (its GPU 1 is lost)" in events
+    assert f"{victim}: SIGTERM sent (its GPU 1 is lost)" in events  # in the same tick
     assert world.ex.terminated == [world.ex.token_of(victim)]
     world.tick()  # reaped
     (a,) = world.store.attempts(victim)
