@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 PLAN = """
-command: python {root}/launchers/train_glue.py --config {{config}}
+command: {python} {root}/launchers/train_glue.py --config {{config}}
 workdir: {work}
 base_config: {root}/launchers/configs/gla_lora_base.yaml
 config:
@@ -77,7 +77,9 @@ def main() -> int:
     (work / "plans").mkdir()
     seeds = list(range(87, 87 + max(1, args.jobs // 2)))
     (work / "plans" / "ladder.yaml").write_text(
-        textwrap.dedent(PLAN.format(root=ROOT, work=work, card_gib=args.card_gib, seeds=seeds))
+        textwrap.dedent(
+            PLAN.format(python=sys.executable, root=ROOT, work=work, card_gib=args.card_gib, seeds=seeds)
+        )
     )
     env = {**os.environ, "GPUSCHED_HOME": str(work / "home")}
     env.pop("GPUSCHED_FAKE_GPUS", None)

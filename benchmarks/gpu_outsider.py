@@ -173,7 +173,8 @@ def run_suite(args: argparse.Namespace, work: Path, env: dict[str, str], outside
     print(f"\n{'job':24} {'state':10} attempts:exit code, predicted and peak MiB")
     for j in doc["jobs"]:
         attempts = []
-        for a in sorted((work / "logs" / "outsider" / j["name"]).iterdir()):
+        job_dir = work / "logs" / "outsider" / j["name"]
+        for a in sorted(job_dir.iterdir()) if job_dir.is_dir() else ():  # never started: no attempts
             ex = json.loads((a / "exit.json").read_text()) if (a / "exit.json").exists() else {}
             attempts.append(f"{a.name}:{ex.get('exit_code')}")
             if "out of memory" in (a / "output.log").read_text(errors="replace"):

@@ -466,7 +466,9 @@ def _simulated_cuda_oom(cfg: TrainConfig, step: int) -> None:
 class Trainer:
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        # an indexed device: torch's memory calls (set_per_process_memory_fraction) refuse a bare "cuda"
+        cuda = torch.cuda.is_available()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         if cfg.gpu_memory_gib and self.device.type == "cuda":
             # benchmarks/gpu_oom_ladder.py: a 24 GiB card emulated on a bigger one; past the cap
             # the caching allocator raises a genuine torch.OutOfMemoryError
