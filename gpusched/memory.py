@@ -449,24 +449,31 @@ def unstick(
     patience_s: float = 3600.0,
 ) -> Placement | None:
     """When nothing of ours runs and nothing was placed: the first job (in placement order)
-    that memory keeps off every card runs anyway at the last tier of its ladder, on its
-    roomiest card, with a reason that says so -- at once when it would not fit even an empty
-    card (waiting cannot help), else once memory has kept it waiting ``patience_s`` (``waited``:
-    job id -> seconds; other people's processes may well leave, and an OOM at the last tier
-    fails the job for good). ``None`` when no job is stuck."""
+    that memory keeps off every card runs anyway, on its roomiest card, with a reason that says
+    so. A job whose prediction is only the default guess (``guessed``: nothing of its task
+    measured at its tier) and that others' memory keeps out starts at once at its own tier
+    where at least half the guess is left under headroom: run alone, it is measured, and its
+    siblings are then placed by what it really took (a guess must not keep a queue waiting on
+    someone's notebook for an hour). Any other stuck job runs at the last tier of its ladder:
+    at once when it would not fit even an empty card (waiting cannot help), else once memory
+    has kept it waiting ``patience_s`` (``waited``: job id -> seconds; other people's processes
+    may well leave, and an OOM at the last tier fails the job for good). ``None`` when no job
+    is stuck."""
     waited = waited or {}
     for job in sorted(queued, key=placement.job_order):
         if not memory_bound(job, views, headroom_frac):
             continue
-        never = memory_bound(job, [_emptied(g) for g in views], headroom_frac)
-        if not never and waited.get(job.job_id, 0.0) < patience_s:
-            continue
         cards = [g for g in views if job.allowed.get(g.index, 0) > 0]
         best = min(cards, key=placement.rank_key)
-        last = len(job.tiers) - 1
         why = placement.wait_reason(
             job, views, {g.index: placement.veto(job, g, headroom_frac) for g in views}, headroom_frac
         )
+        never = memory_bound(job, [_emptied(g) for g in views], headroom_frac)
+        if not never and job.guessed and (measured := _measure(job, best, headroom_frac, why)):
+            return measured
+        if not never and waited.get(job.job_id, 0.0) < patience_s:
+            continue
+        last = len(job.tiers) - 1
         if not never:
             why += f"; waited {waited.get(job.job_id, 0.0) / 60:.0f} min for memory others hold"
         name = job.tiers[last].name if job.tiers else "?"
@@ -476,6 +483,25 @@ def unstick(
         )
         return Placement(job_id=job.job_id, gpu=best.index, tier=max(last, 0), reason=reason)
     return None
+
+
+def _measure(job: QueuedJob, gpu: GpuSlotView, headroom_frac: float, why: str) -> Placement | None:
+    """``job`` (whose peak is a guess) alone on ``gpu`` at its own tier, to be measured, when
+    at least half its guess is left there under headroom and the card breaks no other rule."""
+    usable, guess = gpu.usable_mib, job.predicted_mib
+    if usable is None or guess is None:
+        return None
+    if placement.veto(job, gpu, headroom_frac) is not placement.Veto.MEMORY:  # slots, min free, ...
+        return None
+    room = usable - placement.headroom_mib(gpu, headroom_frac)
+    if room < guess / 2:
+        return None
+    reason = (
+        f"GPU {gpu.index}: nothing runs and nothing fits ({why}); ~{gib(guess)} is only a guess"
+        f" (nothing of its task measured yet) and {gib(room)} is left under headroom: started alone"
+        f" at tier {placement.tier_of(job).name} to measure its peak"
+    )
+    return Placement(job_id=job.job_id, gpu=gpu.index, tier=job.tier, reason=reason)
 
 
 def _emptied(g: GpuSlotView) -> GpuSlotView:

@@ -412,6 +412,7 @@ def _demand(
         tiers=suite.suite.tiers,
         allowed=cards.allowed,
         predicted_mib=start.predicted_mib,
+        guessed=preds[start.tier].source == "default",
         avoid_gpu=job.avoid_gpu,
         predicted_s=duration.seconds,
         fallback=fallback,
