@@ -3,7 +3,7 @@ a 24 GiB "card" with torch.cuda.set_per_process_memory_fraction (train_glue's
 ``gpu_memory_gib``), sized so tier A truly runs out of memory. Every job must end
 ``succeeded`` at a tier below A, each OOM a genuine CUDA allocator error.
 
-    python benchmarks/gpu_oom_ladder.py [--jobs 4] [--card-gib 24] [--gpu-plan 2]
+    python benchmarks/gpu_oom_ladder.py [--jobs 4] [--card-gib 24] [--gpu-plan 2] [--steps 20]
 
 Needs a machine with an NVIDIA GPU, torch with CUDA, and this project installed
 (``pip install -e .``). Uses a private GPUSCHED_HOME; never touches your queue. On a machine
@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -41,9 +42,9 @@ config:
   gradient_accumulation_steps: 1
   num_data_workers: 2
   precision: bf16
-  max_steps: 20
-  save_every: 5
-  log_every: 5
+  max_steps: {steps}
+  save_every: {every}
+  log_every: {every}
 matrix:
   seed: {seeds}
   task: [glue-tvt_qnli, glue-tvt_sst2]
@@ -71,6 +72,7 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=4, help="jobs (2 tasks x jobs/2 seeds)")
     ap.add_argument("--card-gib", type=float, default=24.0)
     ap.add_argument("--gpu-plan", default="2")
+    ap.add_argument("--steps", type=int, default=20, help="optimizer steps a job runs")
     ap.add_argument("--timeout", type=float, default=1800)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gpusched-oom-ladder-"))
@@ -78,7 +80,15 @@ def main() -> int:
     seeds = list(range(87, 87 + max(1, args.jobs // 2)))
     (work / "plans" / "ladder.yaml").write_text(
         textwrap.dedent(
-            PLAN.format(python=sys.executable, root=ROOT, work=work, card_gib=args.card_gib, seeds=seeds)
+            PLAN.format(
+                python=sys.executable,
+                root=ROOT,
+                work=work,
+                steps=args.steps,
+                every=min(5, args.steps),
+                card_gib=args.card_gib,
+                seeds=seeds,
+            )
         )
     )
     env = {**os.environ, "GPUSCHED_HOME": str(work / "home")}
@@ -103,13 +113,18 @@ def main() -> int:
     print(r.stdout + r.stderr)
     if r.returncode:
         return r.returncode
-    w = cli("wait", "--suite", "ladder", "--timeout", str(args.timeout), "--quiet", env=env, cwd=work)
-    doc = json.loads(cli("status", "--json", env=env, cwd=work).stdout)
-    cli("daemon", "stop", env=env, cwd=work)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout` too leaves no job behind
+    try:
+        w = cli("wait", "--suite", "ladder", "--timeout", str(args.timeout), "--quiet", env=env, cwd=work)
+        doc = json.loads(cli("status", "--json", env=env, cwd=work).stdout)
+    finally:  # jobs still running would hold the card: cancel them, then stop the daemon
+        cli("cancel", "--suite", "ladder", env=env, cwd=work)
+        cli("daemon", "stop", env=env, cwd=work)
     print(f"{'job':28} {'state':10} {'tier':4} {'attempts':8} outcomes (peak MiB)")
     ok = True
     for j in doc["jobs"]:
-        attempts = sorted((work / "logs" / "ladder" / j["name"]).iterdir())
+        job_dir = work / "logs" / "ladder" / j["name"]
+        attempts = sorted(job_dir.iterdir()) if job_dir.is_dir() else []  # never started: none
         outcomes = []
         for a in attempts:
             exit_doc = json.loads((a / "exit.json").read_text()) if (a / "exit.json").exists() else {}

@@ -23,6 +23,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -123,6 +124,7 @@ def main() -> int:
         stdout=subprocess.PIPE,
         text=True,
     )
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout` too leaves nothing behind
     try:
         assert outsider.stdout is not None
         line = outsider.stdout.readline().strip()  # "holding N MiB" once it holds all of it
@@ -137,6 +139,7 @@ def main() -> int:
         room_gib = (after["free_mib"] - 0.1 * after["total_mib"]) / 1024  # under the 10 % headroom
         return run_suite(args, work, env, outsider.pid, fit=math.floor(room_gib / args.job_gib))
     finally:
+        gpusched("cancel", "--suite", "outsider", env=env, cwd=work, check=False)
         gpusched("daemon", "stop", env=env, cwd=work, check=False)
         outsider.kill()
         outsider.wait()

@@ -564,7 +564,9 @@ class Trainer:
     def evaluate(self, ds: TensorDataset) -> float:
         self.model.eval()
         correct = 0
-        for ids, labels in DataLoader(ds, batch_size=64):
+        # in the tier's micro-batch: a fixed batch here OOMed at every tier of the ladder on a real
+        # H200 (benchmarks/gpu_oom_ladder.py), since no tier could shrink it
+        for ids, labels in DataLoader(ds, batch_size=self.cfg.batch_size):
             with self.autocast():
                 logits = self.model(ids.to(self.device), logits_to_keep=1)
             correct += int((logits[:, -1].argmax(-1).cpu() == labels).sum())

@@ -137,6 +137,21 @@ def test_train_glue_memory_levers_change_memory_not_the_maths(plain_and_levers: 
 
 
 @needs_torch
+def test_train_glue_evaluates_in_the_tiers_micro_batch(train_glue: ModuleType, tmp_path: Path) -> None:
+    # a tier that shrinks the micro-batch must shrink evaluation too: on a real H200 every tier of
+    # benchmarks/gpu_oom_ladder.py trained and then ran out of memory evaluating in batches of 64
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({**TINY, "batch_size": 3, "eval_examples": 10}))
+    cfg, _ = train_glue.load_config(str(tmp_path / "c.yaml"))
+    trainer = train_glue.Trainer(cfg)
+    seen: list[int] = []
+    forward = trainer.model.forward
+    trainer.model.forward = lambda ids, *a, **k: (seen.append(len(ids)), forward(ids, *a, **k))[1]
+    ds = train_glue.synthetic_glue(cfg.data, cfg.seed, cfg.eval_examples, cfg.model, cfg.num_labels, "eval")
+    assert 0 <= trainer.evaluate(ds) <= 1
+    assert seen == [3, 3, 3, 1]
+
+
+@needs_torch
 def test_train_glue_oom_mid_run_then_requeue_resumes(
     train_glue: ModuleType,
     tmp_path: Path,
