@@ -305,6 +305,23 @@ def carrying(key: str, value: str) -> list[int]:
     return found
 
 
+def environ_value(pid: int, key: str) -> str | None:
+    """``key``'s value in the environment process ``pid`` was started with; None when it is
+    not set there or cannot be read (the process is gone or another user's, or no /proc)."""
+    if not _HAVE_PROC:
+        return None
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read()
+    except OSError:
+        return None
+    prefix = f"{key}=".encode()
+    for item in env.split(b"\0"):
+        if item.startswith(prefix):
+            return item[len(prefix) :].decode(errors="replace")
+    return None
+
+
 def descendants(pid: int) -> list[int]:
     """``pid`` itself followed by every live process below it ([] when ``pid`` is gone);
     for matching GPU processes to the job that owns them."""

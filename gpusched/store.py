@@ -16,7 +16,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -311,6 +311,16 @@ class Store:
         """Attempts launching or running (what holds a slot)."""
         q = "SELECT * FROM attempts WHERE state IN ('launching', 'running') ORDER BY id"
         return [AttemptRow.from_row(r) for r in self.db.execute(q)]
+
+    def attempts_by_token(self, tokens: Collection[str]) -> list[AttemptRow]:
+        """The attempts whose launch token is one of ``tokens`` (the token column is unique)."""
+        ts = sorted(tokens)
+        out: list[AttemptRow] = []
+        for i in range(0, len(ts), 500):
+            chunk = ts[i : i + 500]
+            q = f"SELECT * FROM attempts WHERE token IN ({','.join('?' * len(chunk))}) ORDER BY id"
+            out += [AttemptRow.from_row(r) for r in self.db.execute(q, chunk)]
+        return out
 
     def all_attempts(self, *, suite: str | None = None) -> list[AttemptRow]:
         if suite is None:

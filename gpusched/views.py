@@ -130,7 +130,7 @@ def status(
         if s.name in active:
             for g, n in zip(s.gpu_plan.gpus, s.gpu_plan.slots, strict=True):
                 slots[g] = max(slots.get(g, 0), n)
-    att = attribution(gpus, live, trees)
+    att = attribution(gpus, live, trees, store=store)
     gdocs = []
     out = store.gpus_out()
     indices = sorted({g.index for g in gpus} | set(slots) | set(out))
@@ -224,9 +224,15 @@ def _last_line(adir: str) -> str:
 
 
 def attribution(
-    gpus: list[GpuState], live: list[AttemptRow], trees: memwatch.TreesFn | None
+    gpus: list[GpuState],
+    live: list[AttemptRow],
+    trees: memwatch.TreesFn | None,
+    store: Store | None = None,
 ) -> memory.Attribution:
-    """Which GPU processes belong to which running job: its wrapper and everything below it."""
+    """Which GPU processes belong to which running job: its wrapper and everything below it.
+    With ``store``, a process no running job holds is still ours when its environment carries
+    the token of one of our attempts: a job that just ended, its memory still being released
+    (the daemon counts those as ours too; `status` must not show them as someone else's)."""
     if not any(g.processes for g in gpus):
         return memory.attribute(gpus, [])
     pids = (trees or memwatch.attempt_trees)(live)
@@ -236,7 +242,29 @@ def attribution(
         )
         for a in live
     ]
+    if store is not None:
+        known = {pid for t in trees_of for pid in t.pids}
+        trees_of += _ended_trees(store, {p.pid for g in gpus for p in g.processes if p.pid not in known})
     return memory.attribute(gpus, trees_of)
+
+
+def _ended_trees(store: Store, pids: set[int]) -> list[memory.Tree]:
+    """Trees (``ending``) of our attempts whose token one of ``pids`` carries: one read of
+    /proc/PID/environ per process that no running job holds (someone else's fails at once)."""
+    from gpusched import proc
+    from gpusched.executors import TOKEN_ENV
+
+    by_token: dict[str, set[int]] = {}
+    for pid in pids:
+        token = proc.environ_value(pid, TOKEN_ENV)
+        if token:
+            by_token.setdefault(token, set()).add(pid)
+    return [
+        memory.Tree(
+            attempt_id=a.id, job_id=a.job_id, gpu=a.gpu, pids=frozenset(by_token[a.token]), ending=True
+        )
+        for a in (store.attempts_by_token(by_token) if by_token else [])
+    ]
 
 
 def _wrapper(a: AttemptRow) -> frozenset[int]:

@@ -66,6 +66,9 @@ class Executor(Protocol):
 # The tmux and subprocess backends both run the wrapper as the leader of a new process group,
 # with GPUSCHED_TOKEN in its environment, and keep the token in the handle.
 
+#: Every attempt's processes carry its launch token under this name (all backends).
+TOKEN_ENV = "GPUSCHED_TOKEN"
+
 
 def strays(handle: Handle) -> list[int]:
     """The attempt's processes that left its process group (``setsid``, a daemonised helper):
@@ -75,7 +78,7 @@ def strays(handle: Handle) -> list[int]:
     if not token:
         return []
     pgid = handle.get("pid")
-    return [p for p in proc.carrying("GPUSCHED_TOKEN", str(token)) if _pgid(p) != pgid]
+    return [p for p in proc.carrying(TOKEN_ENV, str(token)) if _pgid(p) != pgid]
 
 
 def attempt_alive(handle: Handle) -> bool:

@@ -37,7 +37,7 @@ from msgspec.structs import replace
 
 from gpusched import proc
 from gpusched.errors import CommandFailed, ExecutorError
-from gpusched.executors import WRAPPER, Handle, LaunchRequest
+from gpusched.executors import TOKEN_ENV, WRAPPER, Handle, LaunchRequest
 from gpusched.home import Home
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ def build_sbatch_script(
     if time_limit:
         opts.append(f"--time={time_limit}")
     opts += _join_extra_args(extra_args)
-    env = {**req.env, "GPUSCHED_TOKEN": req.token}
+    env = {**req.env, TOKEN_ENV: req.token}
     for key in env:
         if not key.isidentifier() or key == "CUDA_VISIBLE_DEVICES":
             raise ExecutorError(f"{req.job_id}: cannot pass variable {key!r} to a Slurm job")

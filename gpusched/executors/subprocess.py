@@ -12,7 +12,7 @@ import os
 import time
 
 from gpusched import proc
-from gpusched.executors import WRAPPER, Handle, LaunchRequest, attempt_alive, signal_attempt
+from gpusched.executors import TOKEN_ENV, WRAPPER, Handle, LaunchRequest, attempt_alive, signal_attempt
 from gpusched.home import Home
 
 
@@ -38,7 +38,7 @@ class SubprocessExecutor:
             **self._environ,
             "GPUSCHED_JOB_ID": req.job_id,
             **req.env,
-            "GPUSCHED_TOKEN": req.token,
+            TOKEN_ENV: req.token,
             "GPUSCHED_HOME": str(self.home.root),
         }
         p = proc.spawn(wrapper_argv(req), env=env)  # launch.sh changes to req.workdir
@@ -78,7 +78,7 @@ class SubprocessExecutor:
                 env = p.environ()
             except (psutil.Error, OSError):  # gone, or another user's
                 continue
-            token = env.get("GPUSCHED_TOKEN")
+            token = env.get(TOKEN_ENV)
             started = proc.started_at(p.pid)
             if token and env.get("GPUSCHED_HOME") == home and started is not None:
                 found[token] = {"pid": p.pid, "pid_started_at": started, "token": token}

@@ -31,7 +31,15 @@ from msgspec import Struct
 
 from gpusched import proc
 from gpusched.errors import CommandFailed, ExecutorError
-from gpusched.executors import WRAPPER, Handle, LaunchRequest, attempt_alive, launch_each, signal_attempt
+from gpusched.executors import (
+    TOKEN_ENV,
+    WRAPPER,
+    Handle,
+    LaunchRequest,
+    attempt_alive,
+    launch_each,
+    signal_attempt,
+)
 from gpusched.executors.tmux_control import ControlClient
 from gpusched.home import Home
 
@@ -112,7 +120,7 @@ def chain(*commands: Sequence[str]) -> list[str]:
 def pane_env(req: LaunchRequest) -> dict[str, str]:
     """Variables given to the pane with ``-e``: ``GPUSCHED_JOB_ID`` (unless ``req.env`` sets
     it; the wrapper names the job with it), ``req.env``, and ``GPUSCHED_TOKEN`` last."""
-    return {"GPUSCHED_JOB_ID": req.job_id, **req.env, "GPUSCHED_TOKEN": req.token}
+    return {"GPUSCHED_JOB_ID": req.job_id, **req.env, TOKEN_ENV: req.token}
 
 
 def window_args(req: LaunchRequest) -> list[str]:

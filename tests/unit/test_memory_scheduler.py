@@ -4,6 +4,8 @@ learned peaks, start safer, never deadlock, host RAM, release, misplaced jobs, s
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -268,6 +270,33 @@ def test_an_ended_jobs_processes_stay_ours_until_their_memory_is_released(tmp_pa
     box.procs[0] = []
     box.tick()
     assert box.sched.memory.releasing == {}
+
+
+def test_status_counts_an_ended_jobs_process_still_on_its_card_as_ours(tmp_path: Path) -> None:
+    # seen on a real H200: a job's process stays listed by NVML for a moment after the job was
+    # reaped, and `status` named it an outside process (pid 732, 8.5 GiB) beside the real one.
+    # Its environment carries the attempt's token: that is how status still knows it.
+    box = Box(tmp_path, GpuPlan(gpus=(0,), slots=(1,)), cards="1x24GiB")
+    box.submit(make_suite(tmp_path, 1))
+    box.tick()
+    token = box.ex.token_of("E1/0-qnli")
+    env = {"PATH": os.environ.get("PATH", ""), "GPUSCHED_TOKEN": token}
+    with subprocess.Popen(["sleep", "60"], env=env) as releasing:
+        try:
+            box.procs[0] = [
+                GpuProcess(pid=releasing.pid, used_mib=8 * GIB),
+                GpuProcess(pid=4242, used_mib=2 * GIB),  # someone else's
+            ]
+            box.ex.finish(token, exit_code=0)
+            assert box.tick().reaped == [("E1/0-qnli", "ok")]
+            gpu = box.status()["gpus"][0]
+            assert gpu["processes"] == [
+                {"pid": releasing.pid, "used_mib": 8 * GIB, "ours": True, "job": "E1/0-qnli"},
+                {"pid": 4242, "used_mib": 2 * GIB, "ours": False, "job": None},
+            ]
+            assert gpu["outside_mib"] == 2 * GIB
+        finally:
+            releasing.kill()
 
 
 def test_a_job_running_on_a_card_it_was_not_given_is_reported_once(tmp_path: Path) -> None:
