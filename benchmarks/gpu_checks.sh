@@ -1,0 +1,35 @@
+#!/bin/bash
+# The three checks that need a real NVIDIA GPU, one after the other, each with a time limit:
+# the NVML probe tests, placement beside an outside process, and genuine CUDA OOMs down the
+# tier ladder. Prints each check's output and a PASS/FAIL line per check; exits 1 if any failed.
+#
+#   bash benchmarks/gpu_checks.sh [LADDER_STEPS]    # LADDER_STEPS: optimizer steps per ladder job (20)
+#
+# Run it from the project's root with gpusched importable (`pip install -e .`, or PYTHONPATH).
+set -u
+cd "$(dirname "$0")/.." || exit 2
+python=${PYTHON:-python3}
+steps=${1:-20}
+declare -A result
+run() {  # run NAME LIMIT_S COMMAND...
+    local name=$1 limit=$2 t=$SECONDS
+    shift 2
+    echo "=== $name"
+    timeout "$limit" "$@"
+    local rc=$?
+    result[$name]="exit $rc after $((SECONDS - t)) s"
+    echo "--- $name: ${result[$name]}"
+}
+if ! nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader; then
+    echo "gpu_checks: no NVIDIA GPU here (nvidia-smi failed); run this on a machine with one"
+    exit 2
+fi
+run probe 120 "$python" -m pytest -p no:cacheprovider -q -m gpu tests/contract/test_probes.py
+run outsider 300 "$python" benchmarks/gpu_outsider.py --jobs 6 --job-s 12 --timeout 260
+run ladder 900 "$python" benchmarks/gpu_oom_ladder.py --jobs 2 --steps "$steps" --timeout 840
+failed=0
+for name in probe outsider ladder; do
+    case ${result[$name]} in "exit 0 "*) echo "PASS $name (${result[$name]})" ;;
+        *) echo "FAIL $name (${result[$name]})"; failed=1 ;; esac
+done
+exit $failed
