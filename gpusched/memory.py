@@ -450,8 +450,8 @@ def unstick(
 ) -> Placement | None:
     """When nothing of ours runs and nothing was placed: the first job (in placement order)
     that memory keeps off every card runs anyway, on its roomiest card, with a reason that says
-    so. A job whose prediction is only the default guess (``guessed``: nothing of its task
-    measured at its tier) and that others' memory keeps out starts at once at its own tier
+    so. A job whose prediction is only the default guess (``guessed``: no attempt of its task
+    has left a peak or an OOM) and that others' memory keeps out starts at once at its own tier
     where at least half the guess is left under headroom: run alone, it is measured, and its
     siblings are then placed by what it really took (a guess must not keep a queue waiting on
     someone's notebook for an hour). Any other stuck job runs at the last tier of its ladder:

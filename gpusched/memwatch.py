@@ -270,7 +270,15 @@ def demands(
         fall = falls[(*key, start.tier)]
         up = faster_tiers(memo[key], own, start.tier, suite.suite.tiers)
         out[job.id] = kinds[(*key, job.tier)] = _demand(
-            job, suite, cards[job.suite], memo[key], start, duration, fall, up
+            job,
+            suite,
+            cards[job.suite],
+            memo[key],
+            start,
+            duration,
+            fall,
+            up,
+            unmeasured=job.task not in samples,
         )
     return _chains(out, jobs, cards)
 
@@ -403,7 +411,12 @@ def _demand(
     duration: predict.Duration,
     fallback: tuple[tuple[int, int | None], ...] = (),
     faster: tuple[tuple[int, int | None], ...] = (),
+    *,
+    unmeasured: bool = False,
 ) -> Demand:
+    """``unmeasured``: no attempt of the job's task has left a peak or an OOM at any tier, so
+    a default prediction may be checked by running one job alone (:func:`memory.unstick`);
+    once one has, a guess at another tier is not worth another such run."""
     view = placement.QueuedJob(
         job_id=job.id,
         seq=job.seq,
@@ -412,7 +425,7 @@ def _demand(
         tiers=suite.suite.tiers,
         allowed=cards.allowed,
         predicted_mib=start.predicted_mib,
-        guessed=preds[start.tier].source == "default",
+        guessed=unmeasured and preds[start.tier].source == "default",
         avoid_gpu=job.avoid_gpu,
         predicted_s=duration.seconds,
         fallback=fallback,

@@ -81,8 +81,8 @@ class QueuedJob(Struct, frozen=True, kw_only=True):
     # its peak there exceeds a slot's share of a card: it takes one where it fills a card's last
     # slot (see :func:`fill_last_slot`)
     faster: tuple[tuple[int, int | None], ...] = ()
-    # ``predicted_mib`` is only the default (a slot's share of a card): nothing of this job or its
-    # task has been measured at this tier, so it may start alone to be measured (memory.unstick)
+    # ``predicted_mib`` is only the default (a slot's share of a card) and no attempt of its task
+    # has left a peak or an OOM yet: it may start alone to be measured (memory.unstick)
     guessed: bool = False
 
 

@@ -227,6 +227,22 @@ def test_a_job_whose_peak_is_only_a_guess_is_measured_beside_an_outsider_not_kep
     assert job is not None and job.state == "queued" and "needs" in (job.wait_reason or "")
 
 
+def test_one_measuring_run_per_task_an_oom_there_is_not_followed_down_the_ladder(tmp_path: Path) -> None:
+    box = Box(tmp_path, GpuPlan(gpus=(0,), slots=(4,)), cards="1x140GiB")
+    box.procs = {0: [GpuProcess(pid=7, used_mib=105 * GIB)]}
+    box.submit(make_suite(tmp_path, 2))
+    assert box.tick().launched == [("E1/0-qnli", 0, "A")]  # measured alone
+    token = box.run_on("E1/0-qnli", 0, {101: 20})
+    box.ex.finish(token, exit_code=1, output=oom_tail(20))  # it needs more than the room left
+    box.procs[0] = [p for p in box.procs[0] if p.pid != 101]
+    rep = box.tick()
+    assert rep.reaped == [("E1/0-qnli", "oom")]
+    # neither it (now at tier B, again a guess there) nor its sibling starts: they wait
+    assert rep.launched == [] and box.tick().launched == [] and box.tick(dt=600).launched == []
+    assert box.store.job("E1/0-qnli").state == "queued"  # type: ignore[union-attr]
+    assert "needs" in (box.store.job("E1/1-qnli").wait_reason or "")  # type: ignore[union-attr]
+
+
 def test_launches_wait_while_host_ram_is_low(tmp_path: Path) -> None:
     box = Box(tmp_path, GpuPlan(gpus=(0, 1), slots=(1, 1)))
     box.host = HostMemory(available_mib=2 * GIB, total_mib=256 * GIB)
