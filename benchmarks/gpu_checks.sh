@@ -3,13 +3,15 @@
 # the NVML probe tests, placement beside an outside process, and genuine CUDA OOMs down the
 # tier ladder. Prints each check's output and a PASS/FAIL line per check; exits 1 if any failed.
 #
-#   bash benchmarks/gpu_checks.sh [LADDER_STEPS]    # LADDER_STEPS: optimizer steps per ladder job (20)
+#   bash benchmarks/gpu_checks.sh [LADDER_STEPS]    # LADDER_STEPS: optimizer steps per ladder job (6)
+#
+# About 4 minutes on an H200 (tier C of the ladder takes ~12 s a step there).
 #
 # Run it from the project's root with gpusched importable (`pip install -e .`, or PYTHONPATH).
 set -u
 cd "$(dirname "$0")/.." || exit 2
 python=${PYTHON:-python3}
-steps=${1:-20}
+steps=${1:-6}
 declare -A result
 run() {  # run NAME LIMIT_S COMMAND...
     local name=$1 limit=$2 t=$SECONDS
@@ -26,7 +28,7 @@ if ! nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --forma
 fi
 run probe 120 "$python" -m pytest -p no:cacheprovider -q -m gpu tests/contract/test_probes.py
 run outsider 300 "$python" benchmarks/gpu_outsider.py --jobs 6 --job-s 12 --timeout 260
-run ladder 900 "$python" benchmarks/gpu_oom_ladder.py --jobs 2 --steps "$steps" --timeout 840
+run ladder 480 "$python" benchmarks/gpu_oom_ladder.py --jobs 2 --steps "$steps" --timeout 420
 failed=0
 for name in probe outsider ladder; do
     case ${result[$name]} in "exit 0 "*) echo "PASS $name (${result[$name]})" ;;
