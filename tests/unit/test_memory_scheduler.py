@@ -211,7 +211,7 @@ def test_a_job_whose_peak_is_only_a_guess_is_measured_beside_an_outsider_not_kep
     tmp_path: Path,
 ) -> None:
     # as seen on a real H200 (benchmarks/gpu_outsider.py): someone holds 105 of 140 GiB; a plan of
-    # 4 guesses 30.6 GiB a job, 20.6 GiB is left under headroom, and each job needs 8 GiB
+    # 4 guesses 31.3 GiB a job, 21 GiB is left under headroom, and each job needs 8 GiB
     box = Box(tmp_path, GpuPlan(gpus=(0,), slots=(4,)), cards="1x140GiB")
     box.procs = {0: [GpuProcess(pid=7, used_mib=105 * GIB)]}
     box.submit(make_suite(tmp_path, 4))
@@ -223,7 +223,7 @@ def test_a_job_whose_peak_is_only_a_guess_is_measured_beside_an_outsider_not_kep
     box.procs[0] = [p for p in box.procs[0] if p.pid != 101]
     launched = [box.tick().launched for _ in range(2)]
     assert sorted(j for batch in launched for j in batch) == [("E1/1-qnli", 0, "A"), ("E1/2-qnli", 0, "A")]
-    job = box.store.job("E1/3-qnli")  # two of 8 GiB fit in 20.6 GiB: the fourth waits, with its reason
+    job = box.store.job("E1/3-qnli")  # two of 8 GiB fit in 21 GiB: the fourth waits, with its reason
     assert job is not None and job.state == "queued" and "needs" in (job.wait_reason or "")
 
 
