@@ -441,7 +441,7 @@ def _job_cells(j: dict[str, Any]) -> list[tuple[str, str]]:
             j["state"] + (" (stopping)" if j.get("cancel_requested") or j.get("stopping") else ""),
             STATE_STYLE.get(j["state"], ""),
         ),
-        ("" if j["gpu"] is None or j["state"] != "running" else str(j["gpu"]), ""),
+        ("" if j["gpu"] is None or j["state"] == "queued" else str(j["gpu"]), ""),  # where it ran last
         (tier, ""),
         (f"{j['attempt']}" if j["attempt"] else "", ""),
         (_dur(j.get("runtime_s")), ""),

@@ -240,6 +240,16 @@ def test_queued_jobs_get_the_prediction_demands_gives_each_of_them(tmp_path: Pat
         ), job_id
 
 
+def test_the_table_shows_where_an_ended_job_ran_and_no_card_for_a_queued_one(tmp_path: Path) -> None:
+    box = busy_box(tmp_path)  # 0-qnli succeeded on a card, 0-sst2 OOMed there and waits again
+    lines = format_status(box.status(), width=200).splitlines()
+    rows = {ln.split("│")[1].strip(): ln.split("│") for ln in lines if ln.startswith("│ E1/")}
+    ran = {a.job_id: str(a.gpu) for a in box.store.all_attempts()}
+    assert rows["E1/0-qnli"][2].strip() == "succeeded" and rows["E1/0-qnli"][3].strip() == ran["E1/0-qnli"]
+    assert rows["E1/0-rte"][2].strip() == "running" and rows["E1/0-rte"][3].strip() == ran["E1/0-rte"]
+    assert rows["E1/0-sst2"][2].strip() == "queued" and rows["E1/0-sst2"][3].strip() == ""
+
+
 def test_the_table_fits_the_terminal_and_keeps_every_word(tmp_path: Path) -> None:
     box = busy_box(tmp_path)
     doc = box.status()
