@@ -26,6 +26,11 @@ if ! nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --forma
     echo "gpu_checks: no NVIDIA GPU here (nvidia-smi failed); run this on a machine with one"
     exit 2
 fi
+# from elsewhere than the checkout: the checks run gpusched from scratch directories
+if ! err=$(cd / && "$python" -c "import gpusched.cli, libtmux, tenacity, msgspec, pynvml, torch" 2>&1); then
+    echo "gpu_checks: gpusched or a dependency is not importable with $python: ${err##*$'\n'}; pip install -e '.[torch]'"
+    exit 2
+fi
 run probe 120 "$python" -m pytest -p no:cacheprovider -q -m gpu tests/contract/test_probes.py
 run outsider 300 "$python" benchmarks/gpu_outsider.py --jobs 6 --job-s 12 --timeout 260
 run ladder 480 "$python" benchmarks/gpu_oom_ladder.py --jobs 2 --steps "$steps" --timeout 420
