@@ -465,14 +465,15 @@ def unstick(
             continue
         cards = [g for g in views if job.allowed.get(g.index, 0) > 0]
         best = min(cards, key=placement.rank_key)
-        why = placement.wait_reason(
+        never = memory_bound(job, [_emptied(g) for g in views], headroom_frac)
+        measure = not never and job.guessed and _measurable(job, best, headroom_frac)
+        if not measure and not never and waited.get(job.job_id, 0.0) < patience_s:
+            continue
+        why = placement.wait_reason(  # only for the job that goes: a tick may skip many
             job, views, {g.index: placement.veto(job, g, headroom_frac) for g in views}, headroom_frac
         )
-        never = memory_bound(job, [_emptied(g) for g in views], headroom_frac)
-        if not never and job.guessed and (measured := _measure(job, best, headroom_frac, why)):
-            return measured
-        if not never and waited.get(job.job_id, 0.0) < patience_s:
-            continue
+        if measure:
+            return _measured(job, best, headroom_frac, why)
         last = len(job.tiers) - 1
         if not never:
             why += f"; waited {waited.get(job.job_id, 0.0) / 60:.0f} min for memory others hold"
@@ -485,21 +486,24 @@ def unstick(
     return None
 
 
-def _measure(job: QueuedJob, gpu: GpuSlotView, headroom_frac: float, why: str) -> Placement | None:
-    """``job`` (whose peak is a guess) alone on ``gpu`` at its own tier, to be measured, when
-    at least half its guess is left there under headroom and the card breaks no other rule."""
+def _measurable(job: QueuedJob, gpu: GpuSlotView, headroom_frac: float) -> bool:
+    """Whether ``job`` (whose peak is a guess) may run alone on ``gpu`` at its own tier to be
+    measured: at least half its guess is left there under headroom and only memory bars it."""
     usable, guess = gpu.usable_mib, job.predicted_mib
     if usable is None or guess is None:
-        return None
+        return False
     if placement.veto(job, gpu, headroom_frac) is not placement.Veto.MEMORY:  # slots, min free, ...
-        return None
-    room = usable - placement.headroom_mib(gpu, headroom_frac)
-    if room < guess / 2:
-        return None
+        return False
+    return usable - placement.headroom_mib(gpu, headroom_frac) >= guess / 2
+
+
+def _measured(job: QueuedJob, gpu: GpuSlotView, headroom_frac: float, why: str) -> Placement:
+    """The placement :func:`_measurable` allowed, with a reason that says why."""
+    room = (gpu.usable_mib or 0) - placement.headroom_mib(gpu, headroom_frac)
     reason = (
-        f"GPU {gpu.index}: nothing runs and nothing fits ({why}); ~{gib(guess)} is only a guess"
-        f" (nothing of its task measured yet) and {gib(room)} is left under headroom: started alone"
-        f" at tier {placement.tier_of(job).name} to measure its peak"
+        f"GPU {gpu.index}: nothing runs and nothing fits ({why}); ~{gib(job.predicted_mib or 0)} is only a"
+        f" guess (nothing of its task measured yet) and {gib(room)} is left under headroom: started"
+        f" alone at tier {placement.tier_of(job).name} to measure its peak"
     )
     return Placement(job_id=job.job_id, gpu=gpu.index, tier=job.tier, reason=reason)
 

@@ -295,12 +295,10 @@ def carrying(key: str, value: str) -> list[int]:
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == me:
             continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                env = b"\0" + f.read()
-        except OSError:  # gone, or another user's
+        env = _environ(int(name))  # None: gone, or another user's
+        if env is None or needle not in b"\0" + env:
             continue
-        if needle in env and (st := _stat(int(name))) is not None and st[0] not in ("Z", "X"):
+        if (st := _stat(int(name))) is not None and st[0] not in ("Z", "X"):
             found.append(int(name))
     return found
 
@@ -308,18 +306,21 @@ def carrying(key: str, value: str) -> list[int]:
 def environ_value(pid: int, key: str) -> str | None:
     """``key``'s value in the environment process ``pid`` was started with; None when it is
     not set there or cannot be read (the process is gone or another user's, or no /proc)."""
-    if not _HAVE_PROC:
-        return None
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read()
-    except OSError:
-        return None
+    env = _environ(pid) if _HAVE_PROC else None
     prefix = f"{key}=".encode()
-    for item in env.split(b"\0"):
+    for item in (env or b"").split(b"\0"):
         if item.startswith(prefix):
             return item[len(prefix) :].decode(errors="replace")
     return None
+
+
+def _environ(pid: int) -> bytes | None:
+    """/proc/PID/environ (NUL-separated ``KEY=value``), None when gone or another user's."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 def descendants(pid: int) -> list[int]:
