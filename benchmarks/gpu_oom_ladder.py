@@ -75,6 +75,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20, help="optimizer steps a job runs")
     ap.add_argument("--timeout", type=float, default=1800)
     args = ap.parse_args()
+    if args.steps < 1:
+        ap.error(f"--steps {args.steps}: a job must run at least 1 optimizer step")  # one line, exit 2
     work = Path(tempfile.mkdtemp(prefix="gpusched-oom-ladder-"))
     (work / "plans").mkdir()
     seeds = list(range(87, 87 + max(1, args.jobs // 2)))
