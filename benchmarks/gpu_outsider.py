@@ -33,9 +33,13 @@ from pathlib import Path
 from typing import Any
 
 #: Holds ``GIB`` GiB on CUDA device 0 for ``SECONDS``, allocated in 256 MiB steps over about
-#: a second (a job warming up); a failed allocation prints PyTorch's OOM line and exits 1.
+#: a second (a job warming up); a failed allocation prints PyTorch's OOM line and exits 1. Run
+#: as a job, it writes its pid into the attempt directory (``hold.pid``).
 HOLD = """\
-import ctypes, sys, time
+import ctypes, os, sys, time
+if "GPUSCHED_ATTEMPT_DIR" in os.environ:
+    with open(os.path.join(os.environ["GPUSCHED_ATTEMPT_DIR"], "hold.pid"), "w") as f:
+        f.write(str(os.getpid()))
 mib, seconds = int(float(sys.argv[1]) * 1024), float(sys.argv[2])
 cuda = ctypes.CDLL("libcuda.so.1")
 def ok(r):
@@ -172,7 +176,7 @@ def run_suite(args: argparse.Namespace, work: Path, env: dict[str, str], outside
         f" most outside memory shown: {outside_mib} MiB"
     )
     print("wait reasons seen:" + "".join(f"\n  {r}" for r in sorted(reasons)))
-    ooms = []
+    ooms, job_pids = [], set()
     print(f"\n{'job':24} {'state':10} attempts:exit code, predicted and peak MiB")
     for j in doc["jobs"]:
         attempts = []
@@ -180,9 +184,12 @@ def run_suite(args: argparse.Namespace, work: Path, env: dict[str, str], outside
         for a in sorted(job_dir.iterdir()) if job_dir.is_dir() else ():  # never started: no attempts
             ex = json.loads((a / "exit.json").read_text()) if (a / "exit.json").exists() else {}
             attempts.append(f"{a.name}:{ex.get('exit_code')}")
+            if (a / "hold.pid").exists():
+                job_pids.add(int((a / "hold.pid").read_text()))
             if "out of memory" in (a / "output.log").read_text(errors="replace"):
                 ooms.append(f"{j['id']} {a.name}")
         print(f"{j['id']:24} {j['state']:10} {' '.join(attempts)} {j['predicted_mib']} {j['peak_mib']}")
+    misnamed = seen_pids & job_pids
     if outsider_pid in seen_pids:
         named = "ok  "
     elif not seen_pids:  # NVML listed no process we could see: a container's PID namespace
@@ -193,6 +200,8 @@ def run_suite(args: argparse.Namespace, work: Path, env: dict[str, str], outside
         f"every job succeeded ({len(doc['jobs'])})": all(j["state"] == "succeeded" for j in doc["jobs"]),
         f"no OOM ({', '.join(ooms) or 'none'})": not ooms,
         f"at most {fit} ran at once beside the outsider (most: {most}, slots: {args.slots})": most <= fit,
+        # a job's process is still listed while the driver releases its memory after it exits
+        f"status never showed a job's own process as not ours ({sorted(misnamed) or 'none'})": not misnamed,
     }
     print()
     for what, ok in checks.items():

@@ -53,6 +53,10 @@ GROWTH_MIB = 256
 #: next one kept, and no such ratio is learned as how much jobs grow after settling.
 MAX_STEP_UP = 2.0
 
+#: An ended attempt's processes still listed on its card count as ours (their memory is being
+#: released) until none is listed any more, or this long at most.
+RELEASE_S = 30.0
+
 # --------------------------------------------------------------------------- attribution
 
 

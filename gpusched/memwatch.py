@@ -516,7 +516,7 @@ class MemoryWatch:
         host: HostFn | None = None,
         limit: memory.HostLimit | None = None,
         ramp_s: float = 60.0,
-        release_s: float = 30.0,
+        release_s: float = memory.RELEASE_S,
         on_event: Callable[[str], None] | None = None,
     ) -> None:
         self.store = store
@@ -569,6 +569,8 @@ class MemoryWatch:
                 settled_mib=self.store.settled(a.id),
             )
         if u.pids_on_gpu:
+            if new := u.pids_on_gpu - s.pids:
+                self.store.add_gpu_pids(a.id, new)  # so `status` knows them once they exit
             s.pids = u.pids_on_gpu
         if u.used_mib is not None:
             if s.used_mib is None or u.used_mib > s.used_mib + memory.GROWTH_MIB:

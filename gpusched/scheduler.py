@@ -61,7 +61,7 @@ def lost_stop(gpu: int) -> str:
 class Settings(Struct, kw_only=True):
     headroom_frac: float = 0.10  # keep this share of every card free (seeds: 10-20 %)
     ramp_s: float = 60.0  # a job launched (or last grown) this recently counts as holding its predicted peak
-    release_s: float = 30.0  # an ended attempt's processes count as ours until gone, this long at most
+    release_s: float = memory.RELEASE_S  # an ended attempt's processes count as ours until gone, at most
     pack_after_s: float = 600.0  # later jobs kept overtaking a job this long: its slower tiers at its turn
     hold_after_s: float = 1800.0  # ... this long, a card is kept free of new jobs for it
     hold_frac: float = 0.3  # at most this share of the cards (at least one) kept free at once

@@ -134,6 +134,14 @@ ADDED_TABLES: dict[str, str] = {
         last_at REAL NOT NULL,
         out_since REAL
     )""",
+    # the processes the daemon saw on an attempt's card: how `status` still knows them as the
+    # attempt's once they have exited while the driver still lists them, releasing their memory
+    # (no /proc entry is left to read by then); keyed by pid, the lookup
+    "gpu_pids": """(
+        pid INTEGER NOT NULL,
+        attempt_id INTEGER NOT NULL REFERENCES attempts(id),
+        PRIMARY KEY (pid, attempt_id)
+    ) WITHOUT ROWID""",
 }
 
 SCHEMA += "".join(f"CREATE TABLE IF NOT EXISTS {name} {cols};\n" for name, cols in ADDED_TABLES.items())

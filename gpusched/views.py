@@ -130,7 +130,7 @@ def status(
         if s.name in active:
             for g, n in zip(s.gpu_plan.gpus, s.gpu_plan.slots, strict=True):
                 slots[g] = max(slots.get(g, 0), n)
-    att = attribution(gpus, live, trees, store=store)
+    att = attribution(gpus, live, trees, store=store, now=now)
     gdocs = []
     out = store.gpus_out()
     indices = sorted({g.index for g in gpus} | set(slots) | set(out))
@@ -228,11 +228,12 @@ def attribution(
     live: list[AttemptRow],
     trees: memwatch.TreesFn | None,
     store: Store | None = None,
+    now: float | None = None,
 ) -> memory.Attribution:
     """Which GPU processes belong to which running job: its wrapper and everything below it.
-    With ``store``, a process no running job holds is still ours when its environment carries
-    the token of one of our attempts: a job that just ended, its memory still being released
-    (the daemon counts those as ours too; `status` must not show them as someone else's)."""
+    With ``store``, a process no running job holds is still ours when it belongs to one of our
+    attempts that ended (see :func:`_ended_trees`): the daemon counts those as ours while their
+    memory is released, and `status` must not show them as someone else's."""
     if not any(g.processes for g in gpus):
         return memory.attribute(gpus, [])
     pids = (trees or memwatch.attempt_trees)(live)
@@ -244,13 +245,17 @@ def attribution(
     ]
     if store is not None:
         known = {pid for t in trees_of for pid in t.pids}
-        trees_of += _ended_trees(store, {p.pid for g in gpus for p in g.processes if p.pid not in known})
+        unknown = {p.pid for g in gpus for p in g.processes if p.pid not in known}
+        trees_of += _ended_trees(store, unknown, time.time() if now is None else now)
     return memory.attribute(gpus, trees_of)
 
 
-def _ended_trees(store: Store, pids: set[int]) -> list[memory.Tree]:
-    """Trees (``ending``) of our attempts whose token one of ``pids`` carries: one read of
-    /proc/PID/environ per process that no running job holds (someone else's fails at once)."""
+def _ended_trees(store: Store, pids: set[int], now: float) -> list[memory.Tree]:
+    """Trees (``ending``) of our ended attempts that ``pids`` belong to. A live process carries
+    its attempt's token in its environment (one read of /proc/PID/environ per process that no
+    running job holds; someone else's fails at once). One that has exited, but that the driver
+    still lists while it releases the memory, is found among the processes the daemon saw on an
+    attempt's card, for attempts ended in the last :data:`memory.RELEASE_S`."""
     from gpusched import proc
     from gpusched.executors import TOKEN_ENV
 
@@ -259,12 +264,10 @@ def _ended_trees(store: Store, pids: set[int]) -> list[memory.Tree]:
         token = proc.environ_value(pid, TOKEN_ENV)
         if token:
             by_token.setdefault(token, set()).add(pid)
-    return [
-        memory.Tree(
-            attempt_id=a.id, job_id=a.job_id, gpu=a.gpu, pids=frozenset(by_token[a.token]), ending=True
-        )
-        for a in (store.attempts_by_token(by_token) if by_token else [])
-    ]
+    ended = [(a, frozenset(by_token[a.token])) for a in store.attempts_by_token(by_token)] if by_token else []
+    if gone := pids.difference(*by_token.values()):
+        ended += store.ended_gpu_pids(gone, since=now - memory.RELEASE_S)
+    return [memory.Tree(attempt_id=a.id, job_id=a.job_id, gpu=a.gpu, pids=ps, ending=True) for a, ps in ended]
 
 
 def _wrapper(a: AttemptRow) -> frozenset[int]:

@@ -123,12 +123,12 @@ def test_jobs_whose_every_gpu_is_out_of_service_wait_and_say_why(tmp_path: Path)
 
 
 def test_status_reads_a_database_of_an_older_gpusched_read_only(tmp_path: Path) -> None:
-    """`status` opens the database read-only; one written before the stops and gpu_faults
-    tables existed reads as having none of either, instead of failing."""
+    """`status` opens the database read-only; one written before the stops, gpu_faults and
+    gpu_pids tables existed reads as having none of them, instead of failing."""
     src = Path(__file__).resolve().parent.parent / "data" / "store-v1.db"
     shutil.copy(src, tmp_path / "gs.db")
     old = Store(tmp_path / "gs.db", readonly=True)
-    assert old.stops() == {} and old.gpus_out() == {}
+    assert old.stops() == {} and old.gpus_out() == {} and old.ended_gpu_pids({4242}, since=0) == []
     doc = status(old, [], daemon=None, trees=lambda: {}).doc()
     assert doc["jobs"] and all(j["stopping"] is None for j in doc["jobs"])
 

@@ -12,7 +12,7 @@ import pytest
 
 from gpusched.executors.fake import FakeExecutor
 from gpusched.gpus.fake import FakeProbe, FakeUsage
-from gpusched.memory import HostMemory
+from gpusched.memory import RELEASE_S, HostMemory
 from gpusched.model import GpuPlan, GpuProcess, JobSpec, Suite, Tier
 from gpusched.scheduler import Scheduler, Settings
 from gpusched.store import Store
@@ -313,6 +313,31 @@ def test_status_counts_an_ended_jobs_process_still_on_its_card_as_ours(tmp_path:
             assert gpu["outside_mib"] == 2 * GIB
         finally:
             releasing.kill()
+
+
+def test_status_counts_an_exited_jobs_process_the_driver_still_lists_as_ours(tmp_path: Path) -> None:
+    # seen on a real H200 (after the test above was written): once a job's process has exited,
+    # NVML lists its pid for a moment more while the memory is released. No /proc entry is left
+    # to read then; the daemon wrote down the pids it saw on the job's card while it ran.
+    gone = 2**22 + 1  # above any pid_max: no process here has it
+    box = Box(tmp_path, GpuPlan(gpus=(0,), slots=(1,)), cards="1x24GiB")
+    box.submit(make_suite(tmp_path, 1))
+    box.tick()
+    token = box.run_on("E1/0-qnli", 0, {gone: 8})
+    box.procs[0].append(GpuProcess(pid=4242, used_mib=2 * GIB))  # someone else's
+    box.tick()  # the daemon sees the job's process on its card
+    box.ex.finish(token, exit_code=0)
+    assert box.tick().reaped == [("E1/0-qnli", "ok")]
+    gpu = box.status()["gpus"][0]
+    assert gpu["processes"] == [
+        {"pid": gone, "used_mib": 8 * GIB, "ours": True, "job": "E1/0-qnli"},
+        {"pid": 4242, "used_mib": 2 * GIB, "ours": False, "job": None},
+    ]
+    assert gpu["outside_mib"] == 2 * GIB
+    # past the release window, the daemon no longer counts it as ours, and neither does status
+    # (by then the pid could be someone else's process)
+    box.tick(dt=RELEASE_S + 1)
+    assert box.status()["gpus"][0]["outside_mib"] == 10 * GIB
 
 
 def test_a_job_running_on_a_card_it_was_not_given_is_reported_once(tmp_path: Path) -> None:
