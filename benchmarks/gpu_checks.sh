@@ -1,11 +1,12 @@
 #!/bin/bash
-# The three checks that need a real NVIDIA GPU, one after the other, each with a time limit:
-# the NVML probe tests, placement beside an outside process, and genuine CUDA OOMs down the
-# tier ladder. Prints each check's output and a PASS/FAIL line per check; exits 1 if any failed.
+# The checks that need a real NVIDIA GPU, one after the other, each with a time limit: the
+# NVML probe tests, placement beside an outside process (subprocess backend, then tmux where
+# tmux is installed), and genuine CUDA OOMs down the tier ladder. Prints each check's output
+# and a PASS/FAIL line per check; exits 1 if any failed.
 #
 #   bash benchmarks/gpu_checks.sh [LADDER_STEPS]    # LADDER_STEPS: optimizer steps per ladder job (6)
 #
-# About 4 minutes on an H200 (tier C of the ladder takes ~12 s a step there).
+# About 5 minutes on an H200 (tier C of the ladder takes ~12 s a step there).
 #
 # Run it from the project's root with gpusched importable (`pip install -e .`, or PYTHONPATH).
 set -u
@@ -33,9 +34,16 @@ if ! err=$(cd / && "$python" -c "import gpusched.cli, libtmux, tenacity, msgspec
 fi
 run probe 120 "$python" -m pytest -p no:cacheprovider -q -m gpu tests/contract/test_probes.py
 run outsider 300 "$python" benchmarks/gpu_outsider.py --jobs 6 --job-s 12 --timeout 260
+names="probe outsider"
+if command -v tmux >/dev/null; then  # the same, each job in its own pane of gpusched's tmux server
+    run outsider-tmux 300 "$python" benchmarks/gpu_outsider.py --jobs 6 --job-s 12 --timeout 260 --backend tmux
+    names="$names outsider-tmux"
+else
+    echo "=== outsider-tmux: not run, no tmux here"
+fi
 run ladder 480 "$python" benchmarks/gpu_oom_ladder.py --jobs 2 --steps "$steps" --timeout 420
 failed=0
-for name in probe outsider ladder; do
+for name in $names ladder; do
     case ${result[$name]} in "exit 0 "*) echo "PASS $name (${result[$name]})" ;;
         *) echo "FAIL $name (${result[$name]})"; failed=1 ;; esac
 done

@@ -5,7 +5,7 @@ submitted with more slots on that card than fit beside it. gpusched must see the
 (under the 10 % headroom), and finish every job without an OOM.
 
     python benchmarks/gpu_outsider.py [--jobs 6] [--job-gib 8] [--job-s 20] [--slots 4]
-                                      [--hold-gib G] [--fit 2]
+                                      [--hold-gib G] [--fit 2] [--backend subprocess|tmux]
 
 Memory is held through the CUDA driver (``libcuda.so.1`` via ctypes; no torch), the outsider
 with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so that its device 0 is NVML's GPU 0. Without
@@ -92,6 +92,7 @@ def main() -> int:
     ap.add_argument("--hold-gib", type=float, help="what the outsider holds (default: room for --fit jobs)")
     ap.add_argument("--fit", type=int, default=2, help="jobs that should fit beside the outsider")
     ap.add_argument("--timeout", type=float, default=540)
+    ap.add_argument("--backend", choices=("subprocess", "tmux"), default="subprocess")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gpusched-outsider-"))
     env = {k: v for k, v in os.environ.items() if k not in ("GPUSCHED_FAKE_GPUS", "CUDA_VISIBLE_DEVICES")}
@@ -145,6 +146,8 @@ def main() -> int:
     finally:
         gpusched("cancel", "--suite", "outsider", env=env, cwd=work, check=False)
         gpusched("daemon", "stop", env=env, cwd=work, check=False)
+        if (sock := work / "home" / "tmux.sock").exists():  # the private tmux server (--backend tmux)
+            subprocess.run(["tmux", "-S", str(sock), "kill-server"], capture_output=True)
         outsider.kill()
         outsider.wait()
 
@@ -155,7 +158,7 @@ def run_suite(args: argparse.Namespace, work: Path, env: dict[str, str], outside
     free memory (under headroom) could take, CUDA contexts not counted: no correct placement
     runs more at once."""
     t0 = time.time()
-    submit = ("submit", "--suite", "outsider", "--gpu-plan", str(args.slots), "--backend", "subprocess")
+    submit = ("submit", "--suite", "outsider", "--gpu-plan", str(args.slots), "--backend", args.backend)
     print(gpusched(*submit, env=env, cwd=work))
     most, reasons, outside_mib, seen_pids = 0, set(), 0, set()
     doc: dict[str, Any] = {}
