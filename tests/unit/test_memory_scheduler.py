@@ -325,7 +325,11 @@ def test_status_counts_an_exited_jobs_process_the_driver_still_lists_as_ours(tmp
     box.tick()
     token = box.run_on("E1/0-qnli", 0, {gone: 8})
     box.procs[0].append(GpuProcess(pid=4242, used_mib=2 * GIB))  # someone else's
-    box.tick()  # the daemon sees the job's process on its card
+    box.tick()  # the daemon sees the job's process on its card, and writes its pid down once
+    box.tick()
+    assert [tuple(r) for r in box.store.db.execute("SELECT pid, attempt_id FROM gpu_pids")] == [
+        (gone, box.attempt("E1/0-qnli").id)
+    ]
     box.ex.finish(token, exit_code=0)
     assert box.tick().reaped == [("E1/0-qnli", "ok")]
     gpu = box.status()["gpus"][0]
