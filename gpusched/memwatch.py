@@ -534,6 +534,7 @@ class MemoryWatch:
         self._warned: set[int] = set()
         self._step_up: float | None = None  # learned: how much jobs grow after settling (ratio)
         self._step_up_read = False
+        self._releasing_read = False
 
     # ------------------------------------------------------------------ measure
 
@@ -547,6 +548,9 @@ class MemoryWatch:
                 memory.Tree(attempt_id=a.id, job_id=a.job_id, gpu=a.gpu, pids=pids.get(a.id, frozenset()))
                 for a in live
             ]
+            if not self._releasing_read:
+                self._releasing_read = True
+                self._read_releasing(gpus, trees, now)
         att = memory.attribute(gpus, [*trees, *(t for t, _ in self.releasing.values())])
         live_ids = {a.id for a in live}
         for a in live:
@@ -603,6 +607,16 @@ class MemoryWatch:
         log.warning("%s", msg)
         self.on_event(msg)
         self.store.note(a.job_id, "misplaced", msg, now=now)
+
+    def _read_releasing(self, gpus: Sequence[GpuState], trees: Sequence[memory.Tree], now: float) -> None:
+        """A restarted daemon's first look at the cards: the listed processes of attempts that
+        ended in the last ``release_s`` (the pids a daemon wrote down, ``gpu_pids``) are still
+        being released, as the daemon before it knew (and as `status` says)."""
+        known = {pid for t in trees for pid in t.pids}
+        unknown = {p.pid for g in gpus for p in g.processes if p.pid not in known}
+        for a, pids in self.store.ended_gpu_pids(unknown, since=now - self.release_s) if unknown else ():
+            tree = memory.Tree(attempt_id=a.id, job_id=a.job_id, gpu=a.gpu, pids=pids, ending=True)
+            self.releasing.setdefault(a.id, (tree, a.ended_at or now))
 
     def _expire(self, gpus: Sequence[GpuState], now: float) -> None:
         """An ended attempt's processes stop being ours once none of them is on its card any

@@ -13,6 +13,7 @@ import pytest
 from gpusched.executors.fake import FakeExecutor
 from gpusched.gpus.fake import FakeProbe, FakeUsage
 from gpusched.memory import RELEASE_S, HostMemory
+from gpusched.memwatch import MemoryWatch
 from gpusched.model import GpuPlan, GpuProcess, JobSpec, Suite, Tier
 from gpusched.scheduler import Scheduler, Settings
 from gpusched.store import Store
@@ -342,6 +343,23 @@ def test_status_counts_an_exited_jobs_process_the_driver_still_lists_as_ours(tmp
     # (by then the pid could be someone else's process)
     box.tick(dt=RELEASE_S + 1)
     assert box.status()["gpus"][0]["outside_mib"] == 10 * GIB
+
+
+def test_a_restarted_daemon_still_counts_an_ended_jobs_releasing_memory_as_ours(tmp_path: Path) -> None:
+    gone = 2**22 + 1  # above any pid_max: an exited process the driver still lists
+    box = Box(tmp_path, GpuPlan(gpus=(0,), slots=(1,)), cards="1x24GiB")
+    box.submit(make_suite(tmp_path, 1))
+    box.tick()
+    token = box.run_on("E1/0-qnli", 0, {gone: 8})
+    box.tick()
+    box.ex.finish(token, exit_code=0)
+    box.tick()
+    restarted = MemoryWatch(box.store)  # what a new daemon starts with: nothing in memory
+    att = restarted.measure([], box.probe.snapshot(), box.now + 1)
+    assert att.outside_mib.get(0, 0) == 0 and att.owner(0, gone).ending  # type: ignore[union-attr]
+    box.procs[0] = []  # released
+    restarted.measure([], box.probe.snapshot(), box.now + 2)
+    assert restarted.releasing == {}
 
 
 def test_a_job_running_on_a_card_it_was_not_given_is_reported_once(tmp_path: Path) -> None:
