@@ -499,12 +499,16 @@ def last_wave(demand: Mapping[str, Demand]) -> bool:
 
 
 class _Seen(Struct, kw_only=True):
-    gpu: int | None
     pids: frozenset[int]  # its processes last seen on its card
     used_mib: int | None
     peak_mib: int
     grew_at: float | None
     settled_mib: int | None  # what it held when it first stopped growing, past any pause (stored too)
+
+
+def ending_tree(a: AttemptRow, pids: frozenset[int]) -> memory.Tree:
+    """``a``'s processes ``pids`` after it ended: ours while the driver releases their memory."""
+    return memory.Tree(attempt_id=a.id, job_id=a.job_id, gpu=a.gpu, pids=pids, ending=True)
 
 
 class MemoryWatch:
@@ -565,7 +569,6 @@ class MemoryWatch:
         s = self.seen.get(a.id)
         if s is None:  # first seen (by this daemon: a restarted one reads what was settled)
             s = _Seen(
-                gpu=a.gpu,
                 pids=frozenset(),
                 used_mib=None,
                 peak_mib=a.peak_mib or 0,
@@ -615,8 +618,7 @@ class MemoryWatch:
         known = {pid for t in trees for pid in t.pids}
         unknown = {p.pid for g in gpus for p in g.processes if p.pid not in known}
         for a, pids in self.store.ended_gpu_pids(unknown, since=now - self.release_s) if unknown else ():
-            tree = memory.Tree(attempt_id=a.id, job_id=a.job_id, gpu=a.gpu, pids=pids, ending=True)
-            self.releasing.setdefault(a.id, (tree, a.ended_at or now))
+            self.releasing.setdefault(a.id, (ending_tree(a, pids), a.ended_at or now))
 
     def _expire(self, gpus: Sequence[GpuState], now: float) -> None:
         """An ended attempt's processes stop being ours once none of them is on its card any
@@ -641,8 +643,7 @@ class MemoryWatch:
             if ratio <= memory.MAX_STEP_UP:
                 self._step_up = max(self.step_up() or 0.0, ratio)
         if s is not None and s.pids:
-            tree = memory.Tree(attempt_id=a.id, job_id=a.job_id, gpu=s.gpu, pids=s.pids, ending=True)
-            self.releasing[a.id] = (tree, now)
+            self.releasing[a.id] = (ending_tree(a, s.pids), now)
         if result is Outcome.HOST_OOM and a.backend != "slurm":  # a Slurm node's RAM is not ours to watch
             self.store.set_flag(HOST_OOM_FLAG, json.dumps([now, a.job_id]))
             self.on_event(f"{a.job_id}: host out of memory; launches wait until host RAM recovers")

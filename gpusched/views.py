@@ -267,7 +267,7 @@ def _ended_trees(store: Store, pids: set[int], now: float) -> list[memory.Tree]:
     ended = [(a, frozenset(by_token[a.token])) for a in store.attempts_by_token(by_token)] if by_token else []
     if gone := pids.difference(*by_token.values()):
         ended += store.ended_gpu_pids(gone, since=now - memory.RELEASE_S)
-    return [memory.Tree(attempt_id=a.id, job_id=a.job_id, gpu=a.gpu, pids=ps, ending=True) for a, ps in ended]
+    return [memwatch.ending_tree(a, ps) for a, ps in ended]
 
 
 def _wrapper(a: AttemptRow) -> frozenset[int]:
