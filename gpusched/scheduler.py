@@ -13,7 +13,7 @@ import math
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 from msgspec import Struct, field
@@ -217,36 +217,35 @@ class Scheduler:
             live = self.store.live_attempts()
         still: list[AttemptRow] = []
         with self.store.tx():  # a tick's reaps in one commit (each one whole: a savepoint)
+            cancelled = set(self.store.cancel_requested())  # under the write lock: none lands meanwhile
             for a in live:
                 if a.state is AttemptState.LAUNCHING:
                     still.append(a)  # its backend could not be asked: keep its slot, ask again next tick
                     continue
-                result = self._check(a, now)
+                result = self._check(a, now, cancelled)
                 if result is None:
                     still.append(a)
                 else:
                     report.reaped.append((a.job_id, result.value))
         return still
 
-    def _check(self, a: AttemptRow, now: float) -> Outcome | None:
-        """Reap ``a`` if it ended; return its outcome, or None while it runs."""
+    def _check(self, a: AttemptRow, now: float, cancelled: Collection[str]) -> Outcome | None:
+        """Reap ``a`` if it ended; return its outcome, or None while it runs. ``cancelled``:
+        the running jobs a user asked to cancel."""
         paths = AttemptPaths(Path(a.dir))
         exit_rec = paths.read_exit()
-        if exit_rec is None or self._stopping(a):
+        if exit_rec is None or self._stopping(a, cancelled):
             ex = self.executors.get(a.backend)
             if ex is not None and a.handle is not None and ex.alive(a.handle):
                 return None
             exit_rec = paths.read_exit()  # it may have written exit.json just before going
         return self.reap_attempt(a, exit_rec, now)
 
-    def _stopping(self, a: AttemptRow) -> bool:
+    def _stopping(self, a: AttemptRow, cancelled: Collection[str]) -> bool:
         """Being cancelled or stopped at a limit: reaped only once its whole process group is
         gone, not when its wrapper has written exit.json, so a child that ignores SIGTERM still
         gets the SIGKILL."""
-        if a.id in self._term_sent or a.id in self._stops:
-            return True
-        job = self.store.job(a.job_id)
-        return job is not None and job.cancel_requested
+        return a.id in self._term_sent or a.id in self._stops or a.job_id in cancelled
 
     def reap_attempt(self, a: AttemptRow, exit_rec: ExitRecord | None, now: float) -> Outcome:
         """Classify an ended attempt (``exit_rec`` None: vanished) and move its job on."""
@@ -651,6 +650,8 @@ class Scheduler:
             started += zip(group, handles, strict=True)
         machine: list[str] = []  # launches that failed for want of a machine resource
         with self.store.tx():
+            if running := [(b.attempt_id, h) for b, h in started if not isinstance(h, Exception)]:
+                self.store.mark_running_many(running, now=now)
             for b, handle in started:
                 if isinstance(handle, Exception):
                     log.error("launch of %s failed", b.job.id, exc_info=handle)
@@ -659,7 +660,6 @@ class Scheduler:
                         machine.append(f"the launch of {b.job.id} failed: {err} (in {b.paths.dir})")
                     self._launch_failed(b.attempt_id, b.job, handle, now, uncharged=err is not None)
                     continue
-                self.store.mark_running(b.attempt_id, handle, now=now)
                 tier = b.suite_row.suite.tiers[b.placement.tier]
                 report.launched.append((b.job.id, b.placement.gpu, tier.name))
                 where = f"GPU {b.placement.gpu}" if b.placement.gpu is not None else "no GPU"

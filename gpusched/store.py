@@ -24,7 +24,6 @@ from typing import Any
 from gpusched import codec
 from gpusched.errors import StoreError, UsageError
 from gpusched.model import (
-    AttemptState,
     Classification,
     ExitRecord,
     GpuPlan,
@@ -397,11 +396,15 @@ class Store:
 
     def mark_running(self, attempt_id: int, handle: dict[str, Any], *, now: float) -> None:
         """Phase 2: the pane/process exists."""
+        self.mark_running_many([(attempt_id, handle)], now=now)
+
+    def mark_running_many(self, started: Sequence[tuple[int, dict[str, Any]]], *, now: float) -> None:
+        """Phase 2 of a tick's launches: their panes/processes exist (one statement for all)."""
         with self.tx():
-            self.db.execute(
+            self.db.executemany(
                 "UPDATE attempts SET state = 'running', handle = ?, started_at = COALESCE(started_at, ?)"
                 " WHERE id = ? AND state = 'launching'",
-                (json.dumps(handle), now, attempt_id),
+                [(json.dumps(handle), now, attempt_id) for attempt_id, handle in started],
             )
 
     def set_handle(self, attempt_id: int, handle: dict[str, Any]) -> None:
@@ -422,13 +425,10 @@ class Store:
         ``count_lost=False``: a ``lost`` outcome does not count towards the job's losses
         (an attempt that provably never started)."""
         with self.tx():
-            a = self.db.execute("SELECT * FROM attempts WHERE id = ?", (attempt_id,)).fetchone()
-            if a is None or a["state"] == AttemptState.EXITED.value:
-                return  # already reaped (idempotent: a restarted daemon may see it twice)
-            self.db.execute(
+            ended = self.db.execute(
                 "UPDATE attempts SET state = 'exited', ended_at = ?, started_at = COALESCE(?, started_at),"
                 " exit_code = ?, signal = ?, outcome = ?, reason = ?, line = ?,"
-                " peak_mib = COALESCE(MAX(?, peak_mib), ?, peak_mib) WHERE id = ?",
+                " peak_mib = COALESCE(MAX(?, peak_mib), ?, peak_mib) WHERE id = ? AND state != 'exited'",
                 (
                     (exit.ended_at if exit and exit.ended_at else now),
                     exit.started_at if exit else None,
@@ -442,7 +442,11 @@ class Store:
                     attempt_id,
                 ),
             )
-            job = self.db.execute("SELECT * FROM jobs WHERE id = ?", (a["job_id"],)).fetchone()
+            if ended.rowcount != 1:
+                return  # already reaped (idempotent: a restarted daemon may see it twice)
+            job = self.db.execute(
+                "SELECT * FROM jobs WHERE id = (SELECT job_id FROM attempts WHERE id = ?)", (attempt_id,)
+            ).fetchone()
             self._apply_step(job, result, step, now, count_lost=count_lost)
 
     def _apply_step(

@@ -154,7 +154,7 @@ def test_killed_between_launch_and_mark_running_re_adopts_by_token(
     def crash(*_: Any, **__: Any) -> None:
         raise Crash
 
-    monkeypatch.setattr(w.store, "mark_running", crash)
+    monkeypatch.setattr(w.store, "mark_running_many", crash)
     with pytest.raises(Crash):
         w.tick()
     retry_until(lambda: w.launches_by_job() == {"j0": 1}, timeout=10)  # it runs, unrecorded
@@ -177,7 +177,7 @@ def test_a_job_that_ended_while_the_daemon_was_down_is_reaped_from_its_exit_reco
     def crash(*_: Any, **__: Any) -> None:
         raise Crash
 
-    monkeypatch.setattr(w.store, "mark_running", crash)
+    monkeypatch.setattr(w.store, "mark_running_many", crash)
     with pytest.raises(Crash):
         w.tick()
     paths = AttemptPaths(Path(w.store.attempts("c/j0")[0].dir))
@@ -193,7 +193,7 @@ def test_a_failing_mark_running_is_recovered_by_the_next_tick(
     """The daemon survives a failed tick (daemon.run retries); the next tick must adopt the
     attempt left `launching`, not leave its job wedged in `running` nor launch it again."""
     w = make_world(script="sleep 0.5")
-    real = w.store.mark_running
+    real = w.store.mark_running_many
     calls = {"n": 0}
 
     def flaky(*a: Any, **kw: Any) -> None:
@@ -202,7 +202,7 @@ def test_a_failing_mark_running_is_recovered_by_the_next_tick(
             raise sqlite3.OperationalError("disk I/O error")
         real(*a, **kw)
 
-    monkeypatch.setattr(w.store, "mark_running", flaky)
+    monkeypatch.setattr(w.store, "mark_running_many", flaky)
     with pytest.raises(sqlite3.OperationalError):
         w.tick()
     w.run_until_done()
@@ -229,10 +229,8 @@ def test_many_crashes_at_random_launch_steps_never_launch_twice(
             monkeypatch.setattr(scheduler, "materialize", _crash_on_call(rng.randint(1, 3), real_materialize))
         elif step == "launch":
             monkeypatch.setattr(ex, "launch", _crash_after_call(rng.randint(1, 3), ex.launch))
-        elif step == "mark_running":
-            monkeypatch.setattr(
-                w.store, "mark_running", _crash_on_call(rng.randint(1, 3), w.store.mark_running)
-            )
+        elif step == "mark_running":  # a tick records its launches running in one call
+            monkeypatch.setattr(w.store, "mark_running_many", _crash_on_call(1, w.store.mark_running_many))
         try:
             w.tick()
         except Crash:
