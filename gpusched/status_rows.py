@@ -27,6 +27,10 @@ _KIND = (
     " || char(31) || j.tier END"
 )
 
+#: The queued jobs' CTE is read by both halves of the kinds' query: inlined into each (a walk of an
+#: index) rather than copied into a temporary table first, where SQLite takes the hint (3.35+).
+_NOT_MATERIALIZED = "NOT MATERIALIZED " if sqlite3.sqlite_version_info >= (3, 35) else ""
+
 #: A job's tier past its suite's last (a plan that lost tiers): the last one's row (its ``idx`` -1),
 #: looked up only then (coalesce stops at the first value); the tier of its own index is a key lookup.
 _LAST_TIER = "FROM temp.shown_tier l WHERE l.suite = j.suite AND l.idx = -1"
@@ -103,7 +107,7 @@ def queued_kinds(
     # index, no sort of the queue), with the kind and id of the group's first job; groups
     # whose kind leaves the task out (it never ran) share it. A job that ran is its own group.
     sql = (
-        f"WITH q AS NOT MATERIALIZED (SELECT * FROM jobs WHERE {where}{order})"
+        f"WITH q AS {_NOT_MATERIALIZED}(SELECT * FROM jobs WHERE {where}{order})"
         f" SELECT {_KIND}, j.id, MIN(j.seq), j.suite, j.task, j.tier, '' FROM q j WHERE j.attempts = 0"
         " GROUP BY j.suite, j.task, j.tier"
         " UNION ALL SELECT j.id, j.id, j.seq, j.suite, j.task, j.tier, j.id FROM q j WHERE j.attempts > 0"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import sys
 import time
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -41,10 +42,28 @@ from gpusched.schema import ADDED_TABLES, SCHEMA, SCHEMA_VERSION
 ACTIVE_STATES = (JobState.QUEUED.value, JobState.RUNNING.value)
 
 
+#: The oldest SQLite the store's statements run on: UPSERT (``ON CONFLICT ... DO UPDATE``) came in
+#: 3.24 (2018). A Python built against an older system library (pyenv on RHEL/CentOS 7) is
+#: refused in one line when the store opens, not with a syntax error in the middle of a tick.
+MIN_SQLITE = (3, 24, 0)
+
+
+def check_sqlite() -> None:
+    """Raise :class:`StoreError` when the SQLite this Python uses is older than :data:`MIN_SQLITE`."""
+    version = sqlite3.sqlite_version_info
+    if version < MIN_SQLITE:
+        have, need = ".".join(map(str, version)), ".".join(map(str, MIN_SQLITE))
+        raise StoreError(
+            f"gpusched needs SQLite {need} or later, but this Python ({sys.executable}) uses SQLite "
+            f"{have}: use a Python linked with a newer one (python.org, conda and uv builds bundle one)"
+        )
+
+
 class Store:
     """A connection to the state database. Cheap to open; one per process/thread."""
 
     def __init__(self, path: Path | str, *, readonly: bool = False, timeout_s: float = 30.0) -> None:
+        check_sqlite()
         self.path = Path(path)
         try:
             if readonly:

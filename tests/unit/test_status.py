@@ -379,6 +379,22 @@ def test_an_sqlite_without_json_functions_is_one_clear_error(
         status(box.store, [], daemon=None)
 
 
+def test_status_is_the_same_on_an_sqlite_that_does_not_take_the_inlining_hint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite before 3.35 (Debian 11's 3.34) has no ``NOT MATERIALIZED``: there the queued jobs'
+    kinds are read without the hint, and status shows the same document."""
+    box = busy_box(tmp_path)
+    with_hint = box.status()
+    assert status_rows._NOT_MATERIALIZED == "NOT MATERIALIZED "  # this SQLite takes it
+    seen: list[str] = []
+    box.store.db.set_trace_callback(seen.append)
+    monkeypatch.setattr(status_rows, "_NOT_MATERIALIZED", "")
+    assert box.status() == with_hint
+    kinds = [q for q in seen if q.startswith("WITH q AS")]
+    assert kinds and not any("MATERIALIZED" in q for q in kinds)
+
+
 def test_why_launches_wait_for_the_machine_is_shown_while_the_daemon_runs(tmp_path: Path) -> None:
     """The daemon's word (a disk low, a pause after a failed launch) is one line above the
     tables; a daemon that is not running says nothing of launches, so a stale word is hidden."""

@@ -221,3 +221,22 @@ def test_schema_v1_database_from_tests_data_still_opens() -> None:
         jobs = s.jobs()
         assert jobs and all(j.state in set(JobState) for j in jobs)
         assert s.suite(jobs[0].suite) is not None
+
+
+def test_an_sqlite_too_old_for_the_store_is_one_clear_line_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Python linked with an SQLite before 3.24 (no UPSERT: pyenv on CentOS 7 has 3.7.17)
+    gets one line naming both versions and the way out, exit 2, and no database file."""
+    from gpusched.cli import main
+
+    monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 7, 17))
+    home = tmp_path / "home"
+    monkeypatch.setenv("GPUSCHED_HOME", str(home))
+    with pytest.raises(StoreError, match=r"needs SQLite 3\.24\.0 or later.*uses SQLite 3\.7\.17"):
+        Store(tmp_path / "x.db")
+    assert not (tmp_path / "x.db").exists()
+    assert main(["status"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs SQLite 3.24.0 or later" in err[0] and "Traceback" not in err[0]
+    assert not (home / "gpusched.db").exists()
