@@ -127,6 +127,7 @@ class Scheduler:
         self._paused: tuple[float, str] | None = None  # (until, why): launches pause after a machine failure
         self._machine_failures = 0  # launch failures for want of a machine resource, in a row
         self._launch_flag = store.flag(disk.LAUNCH_WAIT_FLAG)  # as last written, to write only changes
+        self.history = memwatch.History(store)  # the runs' peaks and run times, kept between ticks
         self.memory = memwatch.MemoryWatch(
             store,
             trees=process_trees,
@@ -413,6 +414,7 @@ class Scheduler:
             start_safer=self.settings.start_safer,
             fit_share=self.settings.fit_share,
             now=now,
+            history=self.history,
         )
         base = self._views(live, gpus, att, now)
         out = self.store.gpus_out()
@@ -606,7 +608,7 @@ class Scheduler:
 
     def _predict(self, job: JobRow, suite: SuiteRow, gpus: list[GpuState], tier: int) -> predict.Prediction:
         default = memwatch.default_mib(suite, gpus, self.settings.headroom_frac)
-        samples = memwatch.history(self.store, [job.task]).get(job.task, [])
+        samples = self.history.read([job.task])[0].get(job.task, [])
         return predict.predict_peak(job.task, job.id, tier, samples, default_mib=default)
 
     def _launch(

@@ -17,6 +17,7 @@ import os
 import sqlite3
 import sys
 import time
+from array import array
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -78,6 +79,10 @@ class Store:
         except sqlite3.Error as e:
             raise StoreError(f"cannot open the state database {self.path}: {e}") from e
         self.db.row_factory = sqlite3.Row
+        # the attempts this connection ended, in order, and how many of its transactions rolled
+        # back: what lets memwatch.History read a new run's peak instead of the whole history
+        self.exited = array("q")  # 8 bytes an attempt: a million cost 8 MB
+        self.rollbacks = 0
         self.db.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
         if not readonly:
             self._init_schema()
@@ -130,6 +135,7 @@ class Store:
             try:
                 yield self.db
             except BaseException:
+                self.rollbacks += 1
                 self.db.execute("ROLLBACK TO job")
                 self.db.execute("RELEASE job")
                 raise
@@ -140,6 +146,7 @@ class Store:
         try:
             yield self.db
         except BaseException:
+            self.rollbacks += 1
             self.db.execute("ROLLBACK")
             raise
         else:
@@ -463,6 +470,7 @@ class Store:
             )
             if ended.rowcount != 1:
                 return  # already reaped (idempotent: a restarted daemon may see it twice)
+            self.exited.append(attempt_id)
             job = self.db.execute(
                 "SELECT * FROM jobs WHERE id = (SELECT job_id FROM attempts WHERE id = ?)", (attempt_id,)
             ).fetchone()

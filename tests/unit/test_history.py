@@ -1,0 +1,104 @@
+"""``memwatch.History``: the daemon's runs' peaks and run times, read whole once and then kept up
+to date from the attempts it ends. What a tick predicts from must be what a fresh read of the
+store says, whatever happened in between; and a tick must not read the whole history again."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from gpusched import memwatch
+from gpusched.model import Classification, ExitRecord, Outcome, Step, StepKind
+from gpusched.store import Store
+from tests.unit.test_store import make_suite, start, submit
+
+OK = Classification(outcome=Outcome.OK, reason="exit 0")
+OOM = Classification(outcome=Outcome.OOM, reason="CUDA out of memory")
+DONE = Step(kind=StepKind.DONE, tier=0, reason="succeeded")
+AGAIN = Step(kind=StepKind.REQUEUE, tier=1, reason="requeued one tier down")
+
+
+def end(store: Store, job_id: str, token: str, peak_mib: int, *, oom: bool = False, at: float = 10.0) -> int:
+    """One attempt of ``job_id``, started at 1 s and ended at ``at`` with ``peak_mib``."""
+    aid = start(store, job_id, token=token)
+    store.mark_running(aid, {"pid": 1}, now=1.0)
+    rec = ExitRecord(exit_code=1 if oom else 0, peak_mib=peak_mib, started_at=1.0, ended_at=at)
+    store.finish_attempt(aid, exit=rec, result=OOM if oom else OK, step=AGAIN if oom else DONE, now=at)
+    return aid
+
+
+def fresh(store: Store, tasks: list[str]) -> tuple[dict, dict]:  # type: ignore[type-arg]
+    peaks, runs = memwatch.records(store, tasks)
+    return dict(peaks), dict(runs)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    s = Store(tmp_path / "gs.db")
+    submit(s, make_suite(n=6))
+    return s
+
+
+def test_the_kept_history_is_what_a_fresh_read_says_after_every_end(store: Store) -> None:
+    history = memwatch.History(store)
+    assert history.read(["t"]) == ({}, {})
+    end(store, "E1/j0", "a", 9000, oom=True)  # an OOM: a peak, no run time
+    end(store, "E1/j1", "b", 8000, at=20.0)
+    assert history.read(["t"]) == fresh(store, ["t"])
+    end(store, "E1/j0", "c", 7000, at=30.0)  # j0 again, a tier down, after j1's attempt
+    end(store, "E1/j2", "d", 7500, at=40.0)
+    peaks, runs = history.read(["t"])
+    assert (peaks, runs) == fresh(store, ["t"])
+    assert [s.peak_mib for s in peaks["t"]] == [9000, 8000, 7000, 7500]  # in attempt order
+    assert [r.seconds for r in runs["t"]] == [19.0, 29.0, 39.0]
+
+
+def test_a_tick_reads_the_runs_that_ended_not_the_whole_history(store: Store) -> None:
+    history = memwatch.History(store)
+    for k in range(4):
+        end(store, f"E1/j{k}", f"t{k}", 8000 + k)
+    history.read(["t"])
+    seen: list[str] = []
+    store.db.set_trace_callback(seen.append)
+    end(store, "E1/j4", "t4", 9000)
+    del seen[:]
+    peaks, _ = history.read(["t"])
+    assert [s.peak_mib for s in peaks["t"]] == [8000, 8001, 8002, 8003, 9000]
+    reads = [q for q in seen if q.startswith("SELECT a.id")]
+    assert len(reads) == 1 and "a.id IN (" in reads[0] and "j.task IN" in reads[0], reads
+    del seen[:]
+    history.read(["t"])  # nothing ended since: no read at all
+    assert not [q for q in seen if q.startswith("SELECT a.id")]
+
+
+def test_another_connections_commit_or_a_rollback_makes_it_read_again(store: Store, tmp_path: Path) -> None:
+    history = memwatch.History(store)
+    end(store, "E1/j0", "a", 8000)
+    history.read(["t"])
+    other = Store(tmp_path / "gs.db")  # a client, or a daemon before a restart: its ends are not in .exited
+    end(other, "E1/j1", "b", 8500)
+    other.close()
+    assert history.read(["t"]) == fresh(store, ["t"]) and len(history.read(["t"])[0]["t"]) == 2
+    aid = start(store, "E1/j2", token="c")
+    with pytest.raises(sqlite3.IntegrityError), store.tx():  # the end is undone with its transaction
+        store.finish_attempt(aid, exit=ExitRecord(exit_code=0, peak_mib=1), result=OK, step=DONE, now=5.0)
+        assert [s.peak_mib for s in history.read(["t"])[0]["t"]] == [8000, 8500, 1]  # read before the undo
+        store.db.execute("INSERT INTO jobs(id) VALUES ('E1/j0')")  # fails: the whole transaction goes
+    assert history.read(["t"]) == fresh(store, ["t"])
+    assert [s.peak_mib for s in history.read(["t"])[0]["t"]] == [8000, 8500]
+
+
+def test_a_task_asked_for_later_is_read_whole_once(store: Store) -> None:
+    suite = make_suite("E2", n=2)
+    submit(store, suite)
+    with store.tx():
+        store.db.execute("UPDATE jobs SET task = 'u' WHERE suite = 'E2'")
+    history = memwatch.History(store)
+    end(store, "E1/j0", "a", 8000)
+    end(store, "E2/j0", "b", 6000)
+    assert history.read(["t"]) == fresh(store, ["t"])
+    end(store, "E2/j1", "c", 6100)  # of a task not read yet: ends before it is asked for
+    assert history.read(["t", "u"]) == fresh(store, ["t", "u"])
+    assert [s.peak_mib for s in history.read(["u"])[0]["u"]] == [6000, 6100]
