@@ -1,7 +1,12 @@
 """Scale: a 10,000-job suite of no-ops through the scheduler; its memory and the cost of a
 tick must not grow with the number of finished jobs.
 
-    python benchmarks/bench_scale.py [--jobs 10000] [--slots 16] [--backend subprocess]
+    python benchmarks/bench_scale.py [--jobs 10000] [--slots 16] [--backend subprocess] [--no-peaks]
+
+Each job reports a peak of GPU memory (it writes ``runtime.json`` as ``gpusched.runtime`` does
+in a training job), as every job on a GPU has one: the scheduler predicts from those peaks, so
+history is part of what must not grow. ``--no-peaks``: jobs that report none (what this
+benchmark measured before stop 25, blind to that history).
 
 Runs the daemon's own loop body in this process -- ``Scheduler.tick(now)``, then sleep on the
 wake FIFO that the wrappers poke -- with the real store, real executor and real wrappers, so
@@ -40,13 +45,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=10_000)
     ap.add_argument("--slots", type=int, default=16)
     ap.add_argument("--backend", default="subprocess")
+    ap.add_argument("--no-peaks", action="store_true", help="jobs report no GPU memory peak")
     args = ap.parse_args(argv)
     checkpoints = sorted({min(1000, args.jobs), min(5000, args.jobs), args.jobs})
     logging.basicConfig(level=logging.WARNING)
     me = psutil.Process()
     rows = []
     with sandbox() as sb:
-        sb.write_plan("scale", args.jobs)
+        # a peak of 9 GiB in runtime.json ("{" and "}" as octal escapes: the plan's command is a template)
+        report = '; printf \'\\173"peak_mib": 9216\\175\\n\' >"$GPUSCHED_ATTEMPT_DIR/runtime.json"'
+        sb.write_plan("scale", args.jobs, command="true {config}" + ("" if args.no_peaks else report))
         home = Home(sb.home).ensure()
         os.environ["GPUSCHED_HOME"] = str(home.root)
         store = Store(home.db)
@@ -92,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
             raise RuntimeError(f"not all jobs succeeded: {bad}")
         os.close(fifo)
         store.close()
+    peaks = "no peaks reported" if args.no_peaks else "each reports a 9 GiB peak"
     print(
-        f"Scale: {args.jobs:,} no-op jobs over {args.slots} slots, backend {args.backend}, "
+        f"Scale: {args.jobs:,} no-op jobs ({peaks}) over {args.slots} slots, backend {args.backend}, "
         f"{wall:.0f} s ({args.jobs / wall:.0f} jobs/s); RSS at start {rss0:.0f} MiB ({machine()})\n"
     )
     headers = ["finished", "RSS MiB", "zombies", "median tick ms", "tick ms per launch", "ticks in window"]

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from msgspec import Struct
 from msgspec.structs import replace
@@ -182,21 +182,41 @@ def is_ramping(now: float, launched_at: float, last_growth_at: float | None, ram
 LEARNED = frozenset({"job", "task", "ladder"})
 
 
+#: (task, tier) -> the largest peak measured there: of successful runs, and of OOMs
+Maxima = dict[tuple[str, int], int]
+
+
+def peak_maxima(samples: Iterable[PeakSample]) -> tuple[Maxima, Maxima]:
+    """The largest peak of each task's successful runs and of its OOMs, per tier: all that
+    :func:`ladder_from` and :func:`floors_from` read of the samples."""
+    ok: Maxima = {}
+    floor: Maxima = {}
+    for s in samples:
+        add_peak(ok, floor, s)
+    return ok, floor
+
+
+def add_peak(ok: Maxima, floor: Maxima, s: PeakSample) -> None:
+    """Count ``s`` into :func:`peak_maxima`'s two maxima (what a keeper of them adds a run by)."""
+    if s.peak_mib is None:
+        return
+    key = (s.task, s.tier)
+    if s.outcome == Outcome.OK:
+        ok[key] = max(ok.get(key, 0), s.peak_mib)
+    elif s.outcome == Outcome.OOM:
+        floor[key] = max(floor.get(key, 0), s.peak_mib)
+
+
 def ladder_points(samples: Sequence[PeakSample], tiers: int) -> dict[int, tuple[tuple[int, float], ...]]:
     """tier ``t`` -> (the task's peak at ``t - 1``, the ratio of its peak at ``t`` to that, at
     most 1), one per task that ran at both, smallest peak first. A tier-``t-1`` OOM's peak
     stands in for a missing successful run there (a lower bound of that peak: the ratio errs
     high, which is safe)."""
-    ok: dict[tuple[str, int], int] = {}
-    floor: dict[tuple[str, int], int] = {}
-    for s in samples:
-        if s.peak_mib is None:
-            continue
-        key = (s.task, s.tier)
-        if s.outcome == Outcome.OK:
-            ok[key] = max(ok.get(key, 0), s.peak_mib)
-        elif s.outcome == Outcome.OOM:
-            floor[key] = max(floor.get(key, 0), s.peak_mib)
+    return ladder_from(*peak_maxima(samples), tiers)
+
+
+def ladder_from(ok: Maxima, floor: Maxima, tiers: int) -> dict[int, tuple[tuple[int, float], ...]]:
+    """:func:`ladder_points` from the samples' :func:`peak_maxima`."""
     points: dict[int, list[tuple[int, float]]] = defaultdict(list)
     for (task, t), hi in ok.items():
         lo = ok.get((task, t - 1)) or floor.get((task, t - 1))
@@ -208,11 +228,12 @@ def ladder_points(samples: Sequence[PeakSample], tiers: int) -> dict[int, tuple[
 def oom_floors(samples: Sequence[PeakSample], task: str, tiers: int) -> list[int | None]:
     """Per tier, the largest peak measured at ``task``'s OOMs there (``None``: none): a lower
     bound of its peak at that tier."""
-    floors: list[int | None] = [None] * tiers
-    for s in samples:
-        if s.task == task and s.outcome == Outcome.OOM and s.peak_mib and 0 <= s.tier < tiers:
-            floors[s.tier] = max(floors[s.tier] or 0, s.peak_mib)
-    return floors
+    return floors_from(peak_maxima(s for s in samples if s.task == task)[1], task, tiers)
+
+
+def floors_from(floor: Maxima, task: str, tiers: int) -> list[int | None]:
+    """:func:`oom_floors` from the samples' OOM maxima (:func:`peak_maxima`)."""
+    return [floor.get((task, t)) or None for t in range(tiers)]
 
 
 def ladder_ratio(points: Sequence[tuple[int, float]], above_mib: int) -> float | None:

@@ -18,7 +18,7 @@ import json
 import math
 import os
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from msgspec import Struct
@@ -169,6 +169,8 @@ class History:
         self._tasks: set[str] = set()
         self._peaks: dict[str, tuple[list[int], list[predict.PeakSample]]] = {}  # task -> (ids, samples)
         self._runs: dict[str, tuple[list[int], list[predict.RunSample]]] = {}
+        self._ok: memory.Maxima = {}  # memory.peak_maxima of every sample kept, added to as they come
+        self._floor: memory.Maxima = {}
 
     def read(
         self, tasks: Sequence[str]
@@ -177,6 +179,7 @@ class History:
         version = (self.store.db.execute("PRAGMA data_version").fetchone()[0], self.store.rollbacks)
         if version != self._version:
             self._version, self._tasks, self._peaks, self._runs = version, set(), {}, {}
+            self._ok, self._floor = {}, {}
             self._seen = len(self.store.exited)
         ended = self.store.exited[self._seen :]
         self._seen += len(ended)
@@ -191,8 +194,14 @@ class History:
             {t: rs for t, (_, rs) in self._runs.items() if t in wanted},
         )
 
+    def maxima(self, tasks: Collection[str]) -> tuple[memory.Maxima, memory.Maxima]:
+        """:func:`memory.peak_maxima` of ``tasks``' samples as of the last :meth:`read`, kept
+        as the samples come instead of computed from all of them each tick."""
+        return _only(self._ok, tasks), _only(self._floor, tasks)
+
     def _add(self, rows: Iterable[_Row]) -> None:
         for attempt_id, peak, run in rows:
+            memory.add_peak(self._ok, self._floor, peak)
             for kept, sample in ((self._peaks, peak), (self._runs, run)):
                 if sample is None:
                     continue
@@ -203,6 +212,10 @@ class History:
 
 
 _Row = tuple[int, predict.PeakSample, predict.RunSample | None]
+
+
+def _only(maxima: memory.Maxima, tasks: Collection[str]) -> memory.Maxima:
+    return {key: mib for key, mib in maxima.items() if key[0] in tasks}
 
 
 def _rows(store: Store, where: str, keys: Sequence[object], tasks: Sequence[str] = ()) -> Iterator[_Row]:
@@ -277,8 +290,12 @@ def demands(
     wanted = sorted(set().union(*tasks.values(), {j.task for j in jobs}))
     samples, runs = history.read(wanted) if history is not None else records(store, wanted)
     running = running_for(store, now) if now is not None else Running({}, {})
+    if history is not None:
+        ok, floor = history.maxima(set(wanted))
+    else:
+        ok, floor = memory.peak_maxima(s for ss in samples.values() for s in ss)
     ladders = {  # tier -> (peak one tier up, ratio) per task, by suite
-        name: memory.ladder_points([s for t in tasks[name] for s in samples.get(t, [])], len(row.suite.tiers))
+        name: memory.ladder_from(_only(ok, tasks[name]), _only(floor, tasks[name]), len(row.suite.tiers))
         for name, row in suites.items()
     }
     mine = {task: {s.job_id for s in ss} for task, ss in samples.items()}
@@ -311,6 +328,7 @@ def demands(
                 room_mib,
                 samples.get(job.task, []),
                 ladders[job.suite],
+                floor,
                 headroom_frac,
                 running.peak_mib,
             )
@@ -422,6 +440,7 @@ def _predictions(
     room_mib: Mapping[int, int],
     samples: Sequence[predict.PeakSample],
     ladder: Mapping[int, Sequence[tuple[int, float]]],
+    floor: memory.Maxima,
     headroom_frac: float,
     running_mib: Mapping[tuple[str, int], int],
 ) -> tuple[predict.Prediction, ...]:
@@ -438,7 +457,7 @@ def _predictions(
         )
         for t in range(len(suite.suite.tiers))
     ]
-    floors = memory.oom_floors(samples, job.task, len(suite.suite.tiers))
+    floors = memory.floors_from(floor, job.task, len(suite.suite.tiers))
     return tuple(memory.fill_ladder(preds, ladder, whole_mib=best, floors=floors))
 
 

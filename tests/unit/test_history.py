@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusched import memwatch
+from gpusched import memory, memwatch
 from gpusched.model import Classification, ExitRecord, Outcome, Step, StepKind
 from gpusched.store import Store
 from tests.unit.test_store import make_suite, start, submit
@@ -53,6 +53,9 @@ def test_the_kept_history_is_what_a_fresh_read_says_after_every_end(store: Store
     assert (peaks, runs) == fresh(store, ["t"])
     assert [s.peak_mib for s in peaks["t"]] == [9000, 8000, 7000, 7500]  # in attempt order
     assert [r.seconds for r in runs["t"]] == [19.0, 29.0, 39.0]
+    # the per-tier maxima the ladder and the OOM floors are read from, kept as runs end
+    assert history.maxima({"t"}) == memory.peak_maxima(peaks["t"]) == ({("t", 0): 8000}, {("t", 0): 9000})
+    assert history.maxima({"u"}) == ({}, {})
 
 
 def test_a_tick_reads_the_runs_that_ended_not_the_whole_history(store: Store) -> None:
