@@ -13,7 +13,6 @@ the scheduler and ``status`` both call it, so both show the same prediction.
 
 from __future__ import annotations
 
-import bisect
 import json
 import math
 import os
@@ -132,11 +131,6 @@ def default_mib(suite: SuiteRow, gpus: Sequence[GpuState], headroom_frac: float)
     return max(1, usable // slots)
 
 
-def history(store: Store, tasks: Sequence[str]) -> dict[str, list[predict.PeakSample]]:
-    """Peak samples of ended attempts, by task (one query for all of them)."""
-    return records(store, tasks)[0]
-
-
 def records(
     store: Store, tasks: Sequence[str]
 ) -> tuple[dict[str, list[predict.PeakSample]], dict[str, list[predict.RunSample]]]:
@@ -153,33 +147,30 @@ def records(
 
 
 class History:
-    """:func:`records` of a daemon's store, read whole once per task and then kept up to date
-    from the attempts its own connection ends (``Store.exited``): a tick reads the runs that
-    ended since the last one, not every run of the night. ``records`` costs ~6 us a finished
-    run with a peak (on a GPU, every run), so ~13 ms a tick after 2,000 runs, every tick.
-    Read again whole when another connection committed (``PRAGMA data_version``: a submit, a
-    retry) or one of ours rolled back, so nothing it keeps can be stale. The lists it returns
-    are its own: read them, do not change them. Samples are kept in attempt order, as
-    :func:`records` reads them."""
+    """What the daemon predicts peaks and run times from: per task, a
+    :class:`predict.TaskHistory` of its ended runs, and the largest peak per tier (the ladder's
+    and the OOM floors' input), read whole once per task and then kept up to date from the
+    attempts its own connection ends (``Store.exited``). A tick reads the runs that ended since
+    the last one, not every run of the night: :func:`records` costs ~6 us a finished run with a
+    peak (on a GPU, every run), ~13 ms a tick after 2,000 runs, and the passes over its samples
+    more. Read again whole when another connection committed (``PRAGMA data_version``: a
+    submit, a retry) or one of ours rolled back, so nothing it keeps can be stale."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self._version: tuple[int, int] | None = None
         self._seen = 0  # how much of store.exited is read
-        self._tasks: set[str] = set()
-        self._peaks: dict[str, tuple[list[int], list[predict.PeakSample]]] = {}  # task -> (ids, samples)
-        self._runs: dict[str, tuple[list[int], list[predict.RunSample]]] = {}
-        self._ok: memory.Maxima = {}  # memory.peak_maxima of every sample kept, added to as they come
+        self._tasks: set[str] = set()  # the tasks read so far
+        self._stats: dict[str, predict.TaskHistory] = {}  # of those with a sample
+        self._ok: memory.Maxima = {}  # memory.peak_maxima of their samples, added to as they come
         self._floor: memory.Maxima = {}
 
-    def read(
-        self, tasks: Sequence[str]
-    ) -> tuple[dict[str, list[predict.PeakSample]], dict[str, list[predict.RunSample]]]:
-        """:func:`records` of ``tasks``."""
+    def read(self, tasks: Collection[str]) -> dict[str, predict.TaskHistory]:
+        """Each of ``tasks`` that has a sample (a run of it ended with a peak or an OOM), up to
+        date. Its own: read it, do not change it."""
         version = (self.store.db.execute("PRAGMA data_version").fetchone()[0], self.store.rollbacks)
         if version != self._version:
-            self._version, self._tasks, self._peaks, self._runs = version, set(), {}, {}
-            self._ok, self._floor = {}, {}
+            self._version, self._tasks, self._stats, self._ok, self._floor = version, set(), {}, {}, {}
             self._seen = len(self.store.exited)
         ended = self.store.exited[self._seen :]
         self._seen += len(ended)
@@ -188,27 +179,21 @@ class History:
         if new := set(tasks) - self._tasks:
             self._tasks |= new
             self._add(_rows(self.store, "j.task IN ({})", sorted(new)))
-        wanted = set(tasks)
-        return (
-            {t: ss for t, (_, ss) in self._peaks.items() if t in wanted},
-            {t: rs for t, (_, rs) in self._runs.items() if t in wanted},
-        )
+        return {task: h for task, h in self._stats.items() if task in tasks}
 
     def maxima(self, tasks: Collection[str]) -> tuple[memory.Maxima, memory.Maxima]:
-        """:func:`memory.peak_maxima` of ``tasks``' samples as of the last :meth:`read`, kept
-        as the samples come instead of computed from all of them each tick."""
+        """:func:`memory.peak_maxima` of ``tasks``' samples as of the last :meth:`read`."""
         return _only(self._ok, tasks), _only(self._floor, tasks)
 
     def _add(self, rows: Iterable[_Row]) -> None:
         for attempt_id, peak, run in rows:
             memory.add_peak(self._ok, self._floor, peak)
-            for kept, sample in ((self._peaks, peak), (self._runs, run)):
-                if sample is None:
-                    continue
-                ids, samples = kept.setdefault(sample.task, ([], []))
-                at = bisect.bisect(ids, attempt_id)
-                ids.insert(at, attempt_id)
-                samples.insert(at, sample)  # type: ignore[arg-type]
+            kept = self._stats.get(peak.task)
+            if kept is None:
+                kept = self._stats[peak.task] = predict.TaskHistory(peak.task)
+            kept.add(peak)
+            if run is not None:
+                kept.add_run(run, attempt_id)
 
 
 _Row = tuple[int, predict.PeakSample, predict.RunSample | None]
@@ -288,17 +273,18 @@ def demands(
     suites = {name: row for name, row in rows.items() if row is not None and row.suite.tiers}
     tasks = {name: suite_tasks(store, row) for name, row in suites.items()}
     wanted = sorted(set().union(*tasks.values(), {j.task for j in jobs}))
-    samples, runs = history.read(wanted) if history is not None else records(store, wanted)
-    running = running_for(store, now) if now is not None else Running({}, {})
     if history is not None:
+        stats = history.read(set(wanted))
         ok, floor = history.maxima(set(wanted))
     else:
+        samples, runs = records(store, wanted)
         ok, floor = memory.peak_maxima(s for ss in samples.values() for s in ss)
+        stats = {t: predict.TaskHistory.of(t, samples.get(t, []), runs.get(t, [])) for t in {*samples, *runs}}
+    running = running_for(store, now) if now is not None else Running({}, {})
     ladders = {  # tier -> (peak one tier up, ratio) per task, by suite
         name: memory.ladder_from(_only(ok, tasks[name]), _only(floor, tasks[name]), len(row.suite.tiers))
         for name, row in suites.items()
     }
-    mine = {task: {s.job_id for s in ss} for task, ss in samples.items()}
     cards = {name: _Cards.of(row, room_mib) for name, row in suites.items()}
     memo: dict[tuple[str, str, str], tuple[predict.Prediction, ...]] = {}
     times: dict[tuple[str, str, str, int], predict.Duration] = {}
@@ -309,24 +295,27 @@ def demands(
     # a task none of whose jobs has run has no history (peaks, run times, running siblings) to
     # predict from: all such tasks of a suite predict alike ("" in the key), so a plan whose
     # jobs are each their own task costs a prediction per tier, not one per job, every tick
-    known = {*samples, *runs, *running.longest_s, *(task for task, _ in running.peak_mib)}
+    known = {*stats, *running.longest_s, *(task for task, _ in running.peak_mib)}
     for job in jobs:
         suite = suites.get(job.suite)
         if suite is None:
             continue
         task = job.task if job.task in known else ""
-        key = (job.suite, task, job.id if job.id in mine.get(job.task, ()) else "")
+        history_of = stats.get(job.task)
+        key = (job.suite, task, job.id if history_of is not None and job.id in history_of.jobs else "")
         made = kinds.get((*key, job.tier))
         if made is not None:  # a job like one before: its view is that one's with its own id and order
             out[job.id] = _like_demand(made, job)
             continue
+        if history_of is None:  # none of its task's runs has ended (once per kind of job, not per job)
+            history_of = predict.TaskHistory(job.task)
         if key not in memo:
             memo[key] = _predictions(
                 job,
                 suite,
                 gpus,
                 room_mib,
-                samples.get(job.task, []),
+                history_of,
                 ladders[job.suite],
                 floor,
                 headroom_frac,
@@ -337,12 +326,8 @@ def demands(
             starts[(*key, own)] = _start(suite, cards[job.suite], memo[key], own, start_safer, fit_share)
         start = starts[(*key, own)]
         if (*key, start.tier) not in times:
-            times[(*key, start.tier)] = predict.predict_duration(
-                job.task,
-                job.id,
-                start.tier,
-                runs.get(job.task, []),
-                running_s=running.longest_s.get(job.task),
+            times[(*key, start.tier)] = history_of.duration(
+                job.id, start.tier, running_s=running.longest_s.get(job.task)
             )
         duration = times[(*key, start.tier)]
         if (*key, start.tier) not in falls:  # one tuple per kind, so pack() replaces no view
@@ -358,7 +343,7 @@ def demands(
             duration,
             fall,
             up,
-            unmeasured=job.task not in samples,
+            unmeasured=job.task not in stats,
         )
     return _chains(out, jobs, cards)
 
@@ -438,7 +423,7 @@ def _predictions(
     suite: SuiteRow,
     gpus: Sequence[GpuState],
     room_mib: Mapping[int, int],
-    samples: Sequence[predict.PeakSample],
+    history: predict.TaskHistory,
     ladder: Mapping[int, Sequence[tuple[int, float]]],
     floor: memory.Maxima,
     headroom_frac: float,
@@ -446,14 +431,8 @@ def _predictions(
 ) -> tuple[predict.Prediction, ...]:
     fallback, best = default_mib(suite, gpus, headroom_frac), _best_room(suite, room_mib)
     preds = [
-        predict.predict_peak(
-            job.task,
-            job.id,
-            t,
-            samples,
-            default_mib=fallback,
-            usable_mib=best,
-            running_mib=running_mib.get((job.task, t)),
+        history.peak(
+            job.id, t, default_mib=fallback, usable_mib=best, running_mib=running_mib.get((job.task, t))
         )
         for t in range(len(suite.suite.tiers))
     ]

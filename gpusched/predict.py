@@ -25,6 +25,7 @@ need, so a prediction from (1) or (2) is never below them. Samples of other outc
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 
 from msgspec import Struct
@@ -170,3 +171,138 @@ def median(values: Sequence[float]) -> float:
     """The middle value (the lower of the two middle ones for an even count)."""
     ordered = sorted(values)
     return ordered[(len(ordered) - 1) // 2]
+
+
+# --------------------------------------------------------------------------- kept as runs end
+
+
+class _OomStats:
+    """A set of samples' OOMs as :func:`_after_oom` reads them: how many, their largest peak
+    and the largest prediction one was placed with."""
+
+    __slots__ = ("n", "peak", "placed")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.peak: int | None = None
+        self.placed: int | None = None
+
+    def add(self, s: PeakSample) -> None:
+        self.n += 1
+        if s.peak_mib is not None:
+            self.peak = s.peak_mib if self.peak is None else max(self.peak, s.peak_mib)
+        if s.predicted_mib is not None:
+            self.placed = s.predicted_mib if self.placed is None else max(self.placed, s.predicted_mib)
+
+    def after(self, source: str, usable_mib: int | None, default_mib: int | None) -> Prediction:
+        """:func:`_after_oom` of these samples."""
+        if usable_mib is not None and self.placed is not None and self.placed >= usable_mib:
+            return Prediction(mib=usable_mib + 1, source=source)
+        known = [m for m in (usable_mib, self.peak) if m is not None]
+        if known:
+            return Prediction(mib=max(known), source=source)
+        if default_mib is not None:
+            return Prediction(mib=default_mib, source="default")
+        return Prediction(mib=None, source="unknown")
+
+
+class TaskHistory:
+    """One task's samples and runs, kept so that :meth:`peak` and :meth:`duration` predict what
+    :func:`predict_peak` and :func:`predict_duration` predict from the same samples without a
+    pass over them: a night's ten-thousandth run costs a tick what its first did. Per tier: the
+    successful runs' peaks and the run times, sorted (the p90 and the median), and the OOMs; per
+    job and tier: its largest peak, its OOMs and its run times, in attempt order (their mean)."""
+
+    def __init__(self, task: str) -> None:
+        self.task = task
+        self.jobs: set[str] = set()  # the jobs with a sample
+        self._ok: dict[int, list[int]] = {}
+        self._oom: dict[int, _OomStats] = {}
+        self._runs: dict[int, list[float]] = {}
+        self._own_ok: dict[tuple[str, int], int] = {}
+        self._own_oom: dict[tuple[str, int], _OomStats] = {}
+        self._own_runs: dict[tuple[str, int], list[tuple[int, float]]] = {}  # (attempt order, seconds)
+
+    @classmethod
+    def of(
+        cls,
+        task: str,
+        samples: Sequence[PeakSample],
+        runs: Sequence[RunSample],
+        orders: Sequence[int] | None = None,
+    ) -> TaskHistory:
+        """The history of ``samples`` and ``runs`` (of ``task``, in attempt order; ``orders``:
+        the runs' attempt ids, for runs added later by :meth:`add_run`), sorted once."""
+        h = cls(task)
+        for s in samples:
+            h._count(s)
+            if s.outcome == Outcome.OK and s.peak_mib is not None:
+                h._ok.setdefault(s.tier, []).append(s.peak_mib)
+        for k, r in zip(orders if orders is not None else range(len(runs)), runs, strict=True):
+            h._runs.setdefault(r.tier, []).append(r.seconds)
+            h._own_runs.setdefault((r.job_id, r.tier), []).append((k, r.seconds))
+        for peaks in h._ok.values():
+            peaks.sort()
+        for seconds in h._runs.values():
+            seconds.sort()
+        return h
+
+    def add(self, s: PeakSample) -> None:
+        """One more sample (any order: nothing kept of them depends on it)."""
+        self._count(s)
+        if s.outcome == Outcome.OK and s.peak_mib is not None:
+            bisect.insort(self._ok.setdefault(s.tier, []), s.peak_mib)
+
+    def add_run(self, r: RunSample, order: int) -> None:
+        """One more run; ``order``: its attempt's place among the task's (its id)."""
+        bisect.insort(self._runs.setdefault(r.tier, []), r.seconds)
+        bisect.insort(self._own_runs.setdefault((r.job_id, r.tier), []), (order, r.seconds))
+
+    def _count(self, s: PeakSample) -> None:
+        self.jobs.add(s.job_id)
+        key = (s.job_id, s.tier)
+        if s.outcome == Outcome.OK and s.peak_mib is not None:
+            own = self._own_ok.get(key)
+            self._own_ok[key] = s.peak_mib if own is None else max(own, s.peak_mib)
+        elif s.outcome == Outcome.OOM:
+            self._oom.setdefault(s.tier, _OomStats()).add(s)
+            self._own_oom.setdefault(key, _OomStats()).add(s)
+
+    def peak(
+        self,
+        job_id: str,
+        tier: int,
+        *,
+        default_mib: int | None,
+        usable_mib: int | None = None,
+        running_mib: int | None = None,
+    ) -> Prediction:
+        """:func:`predict_peak` of ``job_id`` at ``tier`` from this task's samples."""
+        own_oom = self._own_oom.get((job_id, tier))
+        floor = own_oom.peak if own_oom is not None else None
+        own = self._own_ok.get((job_id, tier))
+        if own is not None:
+            return Prediction(mib=_at_least(own, floor), source="job")
+        if ok := self._ok.get(tier):  # the job has none of its own: they are all its siblings'
+            return Prediction(mib=_at_least(ok[max(0, (9 * len(ok) + 9) // 10 - 1)], floor), source="task")
+        if own_oom is not None:
+            return own_oom.after("job", usable_mib, default_mib)
+        if (oom := self._oom.get(tier)) is not None:  # none of them the job's: all its siblings'
+            return oom.after("task", usable_mib, default_mib)
+        if default_mib is not None:
+            return Prediction(mib=max(default_mib, running_mib or 0), source="default")
+        return Prediction(mib=None, source="unknown")
+
+    def duration(self, job_id: str, tier: int, *, running_s: float | None = None) -> Duration:
+        """:func:`predict_duration` of ``job_id`` at ``tier`` from this task's runs."""
+        if mine := self._own_runs.get((job_id, tier)):
+            return Duration(seconds=sum(x for _, x in mine) / len(mine), source="job")
+        if self._runs:
+            nearest = min(abs(t - tier) for t in self._runs)
+            at = [x for t in {tier - nearest, tier + nearest} for x in self._runs.get(t, ())]
+            if nearest:
+                at.sort()
+            return Duration(seconds=at[(len(at) - 1) // 2], source="task")
+        if running_s is not None:
+            return Duration(seconds=running_s, source="running")
+        return UNKNOWN_DURATION

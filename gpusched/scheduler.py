@@ -608,8 +608,8 @@ class Scheduler:
 
     def _predict(self, job: JobRow, suite: SuiteRow, gpus: list[GpuState], tier: int) -> predict.Prediction:
         default = memwatch.default_mib(suite, gpus, self.settings.headroom_frac)
-        samples = self.history.read([job.task])[0].get(job.task, [])
-        return predict.predict_peak(job.task, job.id, tier, samples, default_mib=default)
+        kept = self.history.read({job.task}).get(job.task) or predict.TaskHistory(job.task)
+        return kept.peak(job.id, tier, default_mib=default)
 
     def _launch(
         self,

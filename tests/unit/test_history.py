@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusched import memory, memwatch
+from gpusched import memory, memwatch, predict
 from gpusched.model import Classification, ExitRecord, Outcome, Step, StepKind
 from gpusched.store import Store
 from tests.unit.test_store import make_suite, start, submit
@@ -29,9 +29,24 @@ def end(store: Store, job_id: str, token: str, peak_mib: int, *, oom: bool = Fal
     return aid
 
 
-def fresh(store: Store, tasks: list[str]) -> tuple[dict, dict]:  # type: ignore[type-arg]
+def same_as_fresh(history: memwatch.History, store: Store, tasks: list[str]) -> bool:
+    """What ``history`` predicts for every job and tier of ``tasks`` is what a pass over the
+    store's records predicts (``predict_peak``, ``predict_duration``), and its maxima theirs."""
+    kept = history.read(set(tasks))
     peaks, runs = memwatch.records(store, tasks)
-    return dict(peaks), dict(runs)
+    assert set(kept) == {t for t in tasks if peaks.get(t)}
+    for task in tasks:
+        h = kept.get(task) or predict.TaskHistory(task)
+        assert h.jobs == {s.job_id for s in peaks.get(task, [])}
+        for job in ("E1/j0", "E1/j1", "E1/j2", "E2/j0", "E2/j1"):
+            for tier in (0, 1):
+                kw = {"default_mib": 4000, "usable_mib": 20_000}
+                assert h.peak(job, tier, **kw) == predict.predict_peak(
+                    task, job, tier, peaks.get(task, []), **kw
+                )
+                assert h.duration(job, tier) == predict.predict_duration(task, job, tier, runs.get(task, []))
+    assert history.maxima(set(tasks)) == memory.peak_maxima(s for ss in peaks.values() for s in ss)
+    return True
 
 
 @pytest.fixture
@@ -41,20 +56,22 @@ def store(tmp_path: Path) -> Store:
     return s
 
 
-def test_the_kept_history_is_what_a_fresh_read_says_after_every_end(store: Store) -> None:
+def test_the_kept_history_predicts_what_a_fresh_read_does_after_every_end(store: Store) -> None:
     history = memwatch.History(store)
-    assert history.read(["t"]) == ({}, {})
+    assert history.read({"t"}) == {}
     end(store, "E1/j0", "a", 9000, oom=True)  # an OOM: a peak, no run time
     end(store, "E1/j1", "b", 8000, at=20.0)
-    assert history.read(["t"]) == fresh(store, ["t"])
-    end(store, "E1/j0", "c", 7000, at=30.0)  # j0 again, a tier down, after j1's attempt
+    assert same_as_fresh(history, store, ["t"])
+    end(store, "E1/j0", "c", 7000, at=30.0)  # j0 again, after j1's attempt
     end(store, "E1/j2", "d", 7500, at=40.0)
-    peaks, runs = history.read(["t"])
-    assert (peaks, runs) == fresh(store, ["t"])
-    assert [s.peak_mib for s in peaks["t"]] == [9000, 8000, 7000, 7500]  # in attempt order
-    assert [r.seconds for r in runs["t"]] == [19.0, 29.0, 39.0]
-    # the per-tier maxima the ladder and the OOM floors are read from, kept as runs end
-    assert history.maxima({"t"}) == memory.peak_maxima(peaks["t"]) == ({("t", 0): 8000}, {("t", 0): 9000})
+    assert same_as_fresh(history, store, ["t"])
+    h = history.read({"t"})["t"]
+    assert h.peak("E1/j9", 0, default_mib=None) == predict.Prediction(mib=8000, source="task")
+    assert h.peak("E1/j0", 0, default_mib=None) == predict.Prediction(
+        mib=9000, source="job"
+    )  # its OOM's floor
+    assert h.duration("E1/j1", 0).seconds == 19.0 and h.duration("E1/j9", 0).seconds == 29.0
+    assert history.maxima({"t"}) == ({("t", 0): 8000}, {("t", 0): 9000})
     assert history.maxima({"u"}) == ({}, {})
 
 
@@ -62,35 +79,35 @@ def test_a_tick_reads_the_runs_that_ended_not_the_whole_history(store: Store) ->
     history = memwatch.History(store)
     for k in range(4):
         end(store, f"E1/j{k}", f"t{k}", 8000 + k)
-    history.read(["t"])
+    history.read({"t"})
     seen: list[str] = []
     store.db.set_trace_callback(seen.append)
     end(store, "E1/j4", "t4", 9000)
     del seen[:]
-    peaks, _ = history.read(["t"])
-    assert [s.peak_mib for s in peaks["t"]] == [8000, 8001, 8002, 8003, 9000]
+    assert history.read({"t"})["t"].peak("E1/j4", 0, default_mib=None).mib == 9000
     reads = [q for q in seen if q.startswith("SELECT a.id")]
     assert len(reads) == 1 and "a.id IN (" in reads[0] and "j.task IN" in reads[0], reads
     del seen[:]
-    history.read(["t"])  # nothing ended since: no read at all
+    history.read({"t"})  # nothing ended since: no read at all
     assert not [q for q in seen if q.startswith("SELECT a.id")]
+    store.db.set_trace_callback(None)
+    assert same_as_fresh(history, store, ["t"])
 
 
 def test_another_connections_commit_or_a_rollback_makes_it_read_again(store: Store, tmp_path: Path) -> None:
     history = memwatch.History(store)
     end(store, "E1/j0", "a", 8000)
-    history.read(["t"])
+    history.read({"t"})
     other = Store(tmp_path / "gs.db")  # a client, or a daemon before a restart: its ends are not in .exited
     end(other, "E1/j1", "b", 8500)
     other.close()
-    assert history.read(["t"]) == fresh(store, ["t"]) and len(history.read(["t"])[0]["t"]) == 2
+    assert same_as_fresh(history, store, ["t"]) and history.read({"t"})["t"].jobs == {"E1/j0", "E1/j1"}
     aid = start(store, "E1/j2", token="c")
     with pytest.raises(sqlite3.IntegrityError), store.tx():  # the end is undone with its transaction
         store.finish_attempt(aid, exit=ExitRecord(exit_code=0, peak_mib=1), result=OK, step=DONE, now=5.0)
-        assert [s.peak_mib for s in history.read(["t"])[0]["t"]] == [8000, 8500, 1]  # read before the undo
+        assert "E1/j2" in history.read({"t"})["t"].jobs  # read before the undo
         store.db.execute("INSERT INTO jobs(id) VALUES ('E1/j0')")  # fails: the whole transaction goes
-    assert history.read(["t"]) == fresh(store, ["t"])
-    assert [s.peak_mib for s in history.read(["t"])[0]["t"]] == [8000, 8500]
+    assert same_as_fresh(history, store, ["t"]) and history.read({"t"})["t"].jobs == {"E1/j0", "E1/j1"}
 
 
 def test_a_task_asked_for_later_is_read_whole_once(store: Store) -> None:
@@ -101,7 +118,7 @@ def test_a_task_asked_for_later_is_read_whole_once(store: Store) -> None:
     history = memwatch.History(store)
     end(store, "E1/j0", "a", 8000)
     end(store, "E2/j0", "b", 6000)
-    assert history.read(["t"]) == fresh(store, ["t"])
+    assert same_as_fresh(history, store, ["t"])
     end(store, "E2/j1", "c", 6100)  # of a task not read yet: ends before it is asked for
-    assert history.read(["t", "u"]) == fresh(store, ["t", "u"])
-    assert [s.peak_mib for s in history.read(["u"])[0]["u"]] == [6000, 6100]
+    assert same_as_fresh(history, store, ["t", "u"])
+    assert history.read({"u"})["u"].jobs == {"E2/j0", "E2/j1"}

@@ -202,3 +202,59 @@ def run(job_id: str, seconds: float, *, tier: int = 0, task: str = TASK) -> RunS
 )
 def test_run_time_is_learned_like_peaks(runs: list[RunSample], running_s: float | None, expected: Duration):
     assert predict_duration(TASK, "E1/s87", 0, runs, running_s=running_s) == expected
+
+
+# --------------------------------------------------------------------------- TaskHistory
+
+_JOBS = st.sampled_from(["j0", "j1", "j2", "j3"])
+_SAMPLE = st.builds(
+    PeakSample,
+    job_id=_JOBS,
+    task=st.just(TASK),
+    tier=st.integers(0, 2),
+    peak_mib=st.one_of(st.none(), st.integers(0, 30_000)),
+    outcome=st.sampled_from(["ok", "ok", "ok", "oom", "error"]),
+    predicted_mib=st.one_of(st.none(), st.integers(0, 30_000)),
+)
+#: few samples, or enough that a tier's p90 is not simply its largest (ten or more)
+_SAMPLES = st.one_of(st.lists(_SAMPLE, max_size=12), st.lists(_SAMPLE, min_size=30, max_size=80))
+_RUNS = st.lists(
+    st.builds(
+        RunSample, job_id=_JOBS, task=st.just(TASK), tier=st.integers(0, 2), seconds=st.floats(1.0, 9e4)
+    ),
+    max_size=30,
+)
+
+
+#: (default_mib, usable_mib, running_mib) as placement passes them
+_FALLBACKS = ((9000, 20_000, None), (None, None, None), (4000, None, 12_000))
+
+
+@given(_SAMPLES, _RUNS, st.randoms(use_true_random=False))
+def test_a_kept_task_history_predicts_what_a_pass_over_its_samples_does(samples, runs, rng) -> None:  # type: ignore[no-untyped-def]
+    """The daemon keeps each task's history as runs end (``TaskHistory``) instead of passing over
+    every sample each tick: for any samples and runs, built at once or added one by one in any
+    order, it must predict exactly what ``predict_peak`` and ``predict_duration`` do."""
+    from gpusched.predict import TaskHistory
+
+    whole = TaskHistory.of(TASK, samples, runs)
+    added = TaskHistory(TASK)
+    for s in rng.sample(samples, len(samples)):
+        added.add(s)
+    for k in rng.sample(range(len(runs)), len(runs)):
+        added.add_run(runs[k], k)
+    for h in (whole, added):
+        assert h.jobs == {s.job_id for s in samples}
+        for job in ("j0", "j1", "j9"):
+            for tier in range(5):
+                for default, usable, running in (
+                    (9000, 20_000, None),
+                    (None, None, None),
+                    (4000, None, 12_000),
+                ):
+                    kw = {"default_mib": default, "usable_mib": usable, "running_mib": running}
+                    assert h.peak(job, tier, **kw) == predict_peak(TASK, job, tier, samples, **kw)  # type: ignore[arg-type]
+                for running_s in (None, 30.0):
+                    assert h.duration(job, tier, running_s=running_s) == predict_duration(
+                        TASK, job, tier, runs, running_s=running_s
+                    )
