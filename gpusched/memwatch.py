@@ -220,12 +220,12 @@ def _rows(store: Store, where: str, keys: Sequence[object], tasks: Sequence[str]
         for attempt_id, job_id, task, tier, peak, result, placed_with, started, ended in store.db.execute(
             sql + " ORDER BY a.id", [*chunk, *tasks]
         ):
-            ran = result == Outcome.OK and started is not None and ended is not None and ended > started
             sample = predict.PeakSample(
                 job_id=job_id, task=task, tier=tier, peak_mib=peak, outcome=result, predicted_mib=placed_with
             )
-            seconds = ended - started if ran else 0.0
-            run = predict.RunSample(job_id=job_id, task=task, tier=tier, seconds=seconds) if ran else None
+            run = None
+            if result == Outcome.OK and started is not None and ended is not None and ended > started:
+                run = predict.RunSample(job_id=job_id, task=task, tier=tier, seconds=ended - started)
             yield attempt_id, sample, run
 
 

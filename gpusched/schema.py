@@ -82,7 +82,7 @@ CREATE TABLE IF NOT EXISTS attempts (
 );
 CREATE INDEX IF NOT EXISTS attempts_state ON attempts(state);
 CREATE INDEX IF NOT EXISTS attempts_job ON attempts(job_id, n);
--- the attempts that say something about memory: peak_history reads only these, however many
+-- the attempts that say something about memory: memwatch's history reads only these, however many
 -- attempts ended without a peak
 CREATE INDEX IF NOT EXISTS attempts_peaks ON attempts(job_id) WHERE peak_mib IS NOT NULL OR outcome = 'oom';
 -- what an attempt held when it first stopped growing: its plateau, before later peaks such as

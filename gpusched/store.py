@@ -357,25 +357,6 @@ class Store:
             )
         return [AttemptRow.from_row(r) for r in rows]
 
-    def peak_history(self, tasks: Iterable[str]) -> list[sqlite3.Row]:
-        """Peak memory of ended attempts of these tasks: rows of (job_id, task, tier, peak_mib, outcome)."""
-        ts = list(set(tasks))
-        if not ts:
-            return []
-        rows: list[sqlite3.Row] = []
-        for chunk in _chunks(ts, 500):
-            rows.extend(
-                self.db.execute(
-                    "SELECT a.job_id, j.task, a.tier, a.peak_mib, a.outcome FROM attempts a JOIN jobs j"
-                    # +a.state: scan attempts_peaks, not every ended attempt through attempts_state
-                    f" ON j.id = a.job_id WHERE +a.state = 'exited'"
-                    f" AND j.task IN ({','.join('?' * len(chunk))})"
-                    " AND (a.peak_mib IS NOT NULL OR a.outcome = 'oom')",
-                    chunk,
-                )
-            )
-        return rows
-
     def events(self, job_id: str | None = None, *, limit: int = 50) -> list[sqlite3.Row]:
         if job_id is None:
             q, args = "SELECT * FROM events ORDER BY id DESC LIMIT ?", (limit,)
@@ -749,8 +730,3 @@ class Store:
 
     def gpu_samples(self, since: float = 0.0) -> list[sqlite3.Row]:
         return self.db.execute("SELECT * FROM gpu_samples WHERE at >= ? ORDER BY at", (since,)).fetchall()
-
-
-def _chunks(xs: list[Any], n: int) -> Iterator[list[Any]]:
-    for i in range(0, len(xs), n):
-        yield xs[i : i + n]
