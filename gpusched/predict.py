@@ -1,5 +1,7 @@
 """Peak GPU memory of a job at a tier, predicted from recorded history. Pure: the caller
-hands in the samples and the fallbacks (STYLE #2).
+hands in the samples and the fallbacks (STYLE #2). :func:`predict_peak` and
+:func:`predict_duration` say what a prediction is; :class:`TaskHistory` keeps a task's samples
+as they come and predicts the same without a pass over them (what the daemon uses each tick).
 
 Sources, first that has data wins (``Prediction.source`` names it; ``status`` shows it):
 
