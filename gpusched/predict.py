@@ -84,22 +84,20 @@ def predict_peak(
 def _after_oom(
     samples: Sequence[PeakSample], source: str, usable_mib: int | None, default_mib: int | None
 ) -> Prediction:
-    if usable_mib is not None and any(
-        s.outcome == Outcome.OOM and s.predicted_mib is not None and s.predicted_mib >= usable_mib
-        for s in samples
-    ):  # it was given a whole card and still ran out: this tier needs more than a card
-        return Prediction(mib=usable_mib + 1, source=source)
-    known = [m for m in (usable_mib, *_peaks(samples, Outcome.OOM)) if m is not None]
-    if known:
-        return Prediction(mib=max(known), source=source)
-    if default_mib is not None:
-        return Prediction(mib=default_mib, source="default")
-    return Prediction(mib=None, source="unknown")
+    """What ``samples``' OOMs predict (see :meth:`_OomStats.after`)."""
+    ooms = _OomStats()
+    for s in samples:
+        if s.outcome == Outcome.OOM:
+            ooms.add(s)
+    return ooms.after(source, usable_mib, default_mib)
 
 
 def p90(values: Sequence[int]) -> int:
     """Nearest-rank 90th percentile (the maximum below ten values)."""
-    ordered = sorted(values)
+    return _p90_of_sorted(sorted(values))
+
+
+def _p90_of_sorted(ordered: Sequence[int]) -> int:
     rank = (9 * len(ordered) + 9) // 10  # ceil(0.9 n) in integers
     return ordered[max(0, rank - 1)]
 
@@ -171,7 +169,10 @@ def predict_duration(
 
 def median(values: Sequence[float]) -> float:
     """The middle value (the lower of the two middle ones for an even count)."""
-    ordered = sorted(values)
+    return _median_of_sorted(sorted(values))
+
+
+def _median_of_sorted(ordered: Sequence[float]) -> float:
     return ordered[(len(ordered) - 1) // 2]
 
 
@@ -197,7 +198,9 @@ class _OomStats:
             self.placed = s.predicted_mib if self.placed is None else max(self.placed, s.predicted_mib)
 
     def after(self, source: str, usable_mib: int | None, default_mib: int | None) -> Prediction:
-        """:func:`_after_oom` of these samples."""
+        """What these OOMs predict when nothing at the tier succeeded: a card and one MiB if one
+        of them was given a whole card and still ran out (this tier needs more than a card),
+        else the most of the usable memory and the peaks they measured, else the default."""
         if usable_mib is not None and self.placed is not None and self.placed >= usable_mib:
             return Prediction(mib=usable_mib + 1, source=source)
         known = [m for m in (usable_mib, self.peak) if m is not None]
@@ -286,7 +289,7 @@ class TaskHistory:
         if own is not None:
             return Prediction(mib=_at_least(own, floor), source="job")
         if ok := self._ok.get(tier):  # the job has none of its own: they are all its siblings'
-            return Prediction(mib=_at_least(ok[max(0, (9 * len(ok) + 9) // 10 - 1)], floor), source="task")
+            return Prediction(mib=_at_least(_p90_of_sorted(ok), floor), source="task")
         if own_oom is not None:
             return own_oom.after("job", usable_mib, default_mib)
         if (oom := self._oom.get(tier)) is not None:  # none of them the job's: all its siblings'
@@ -304,7 +307,7 @@ class TaskHistory:
             at = [x for t in {tier - nearest, tier + nearest} for x in self._runs.get(t, ())]
             if nearest:
                 at.sort()
-            return Duration(seconds=at[(len(at) - 1) // 2], source="task")
+            return Duration(seconds=_median_of_sorted(at), source="task")
         if running_s is not None:
             return Duration(seconds=running_s, source="running")
         return UNKNOWN_DURATION
