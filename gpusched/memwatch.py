@@ -136,7 +136,7 @@ def records(
 ) -> tuple[dict[str, list[predict.PeakSample]], dict[str, list[predict.RunSample]]]:
     """Peak samples of ended attempts and the run times of the successful ones, by task: the
     attempts with a peak or an OOM (through the index kept for them), with their start and
-    end, in attempt order. The daemon reads them through :class:`History`, which keeps them."""
+    end, in attempt order (what `gpusched simulate` replays; the daemon keeps :class:`History`)."""
     peaks: dict[str, list[predict.PeakSample]] = defaultdict(list)
     runs: dict[str, list[predict.RunSample]] = defaultdict(list)
     for _, peak, run in _rows(store, "j.task IN ({})", sorted(set(tasks))):
@@ -268,18 +268,14 @@ def demands(
     """job id -> :class:`Demand` for every job whose suite is known. Jobs of one task without
     history of their own share one prediction (a 10k-job queue costs one per task). ``now``:
     also let running attempts bound the run time of tasks none of whose jobs has finished.
-    ``history``: where the daemon keeps :func:`records` (else they are read whole)."""
+    ``history``: where the daemon keeps the runs' history (else it is read whole)."""
     rows = {s: suite_of(s) for s in {j.suite for j in jobs}}
     suites = {name: row for name, row in rows.items() if row is not None and row.suite.tiers}
     tasks = {name: suite_tasks(store, row) for name, row in suites.items()}
     wanted = sorted(set().union(*tasks.values(), {j.task for j in jobs}))
-    if history is not None:
-        stats = history.read(set(wanted))
-        ok, floor = history.maxima(set(wanted))
-    else:
-        samples, runs = records(store, wanted)
-        ok, floor = memory.peak_maxima(s for ss in samples.values() for s in ss)
-        stats = {t: predict.TaskHistory.of(t, samples.get(t, []), runs.get(t, [])) for t in {*samples, *runs}}
+    history = history or History(store)  # status, a what-if: one read of the whole history
+    stats = history.read(set(wanted))
+    ok, floor = history.maxima(set(wanted))
     running = running_for(store, now) if now is not None else Running({}, {})
     ladders = {  # tier -> (peak one tier up, ratio) per task, by suite
         name: memory.ladder_from(_only(ok, tasks[name]), _only(floor, tasks[name]), len(row.suite.tiers))

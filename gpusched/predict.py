@@ -228,50 +228,22 @@ class TaskHistory:
         self._own_oom: dict[tuple[str, int], _OomStats] = {}
         self._own_runs: dict[tuple[str, int], list[tuple[int, float]]] = {}  # (attempt order, seconds)
 
-    @classmethod
-    def of(
-        cls,
-        task: str,
-        samples: Sequence[PeakSample],
-        runs: Sequence[RunSample],
-        orders: Sequence[int] | None = None,
-    ) -> TaskHistory:
-        """The history of ``samples`` and ``runs`` (of ``task``, in attempt order; ``orders``:
-        the runs' attempt ids, for runs added later by :meth:`add_run`), sorted once."""
-        h = cls(task)
-        for s in samples:
-            h._count(s)
-            if s.outcome == Outcome.OK and s.peak_mib is not None:
-                h._ok.setdefault(s.tier, []).append(s.peak_mib)
-        for k, r in zip(orders if orders is not None else range(len(runs)), runs, strict=True):
-            h._runs.setdefault(r.tier, []).append(r.seconds)
-            h._own_runs.setdefault((r.job_id, r.tier), []).append((k, r.seconds))
-        for peaks in h._ok.values():
-            peaks.sort()
-        for seconds in h._runs.values():
-            seconds.sort()
-        return h
-
     def add(self, s: PeakSample) -> None:
         """One more sample (any order: nothing kept of them depends on it)."""
-        self._count(s)
-        if s.outcome == Outcome.OK and s.peak_mib is not None:
-            bisect.insort(self._ok.setdefault(s.tier, []), s.peak_mib)
-
-    def add_run(self, r: RunSample, order: int) -> None:
-        """One more run; ``order``: its attempt's place among the task's (its id)."""
-        bisect.insort(self._runs.setdefault(r.tier, []), r.seconds)
-        bisect.insort(self._own_runs.setdefault((r.job_id, r.tier), []), (order, r.seconds))
-
-    def _count(self, s: PeakSample) -> None:
         self.jobs.add(s.job_id)
         key = (s.job_id, s.tier)
         if s.outcome == Outcome.OK and s.peak_mib is not None:
+            bisect.insort(self._ok.setdefault(s.tier, []), s.peak_mib)
             own = self._own_ok.get(key)
             self._own_ok[key] = s.peak_mib if own is None else max(own, s.peak_mib)
         elif s.outcome == Outcome.OOM:
             self._oom.setdefault(s.tier, _OomStats()).add(s)
             self._own_oom.setdefault(key, _OomStats()).add(s)
+
+    def add_run(self, r: RunSample, order: int) -> None:
+        """One more run; ``order``: its attempt's place among the task's (its id)."""
+        bisect.insort(self._runs.setdefault(r.tier, []), r.seconds)
+        bisect.insort(self._own_runs.setdefault((r.job_id, r.tier), []), (order, r.seconds))
 
     def peak(
         self,

@@ -233,17 +233,20 @@ _FALLBACKS = ((9000, 20_000, None), (None, None, None), (4000, None, 12_000))
 @given(_SAMPLES, _RUNS, st.randoms(use_true_random=False))
 def test_a_kept_task_history_predicts_what_a_pass_over_its_samples_does(samples, runs, rng) -> None:  # type: ignore[no-untyped-def]
     """The daemon keeps each task's history as runs end (``TaskHistory``) instead of passing over
-    every sample each tick: for any samples and runs, built at once or added one by one in any
+    every sample each tick: for any samples and runs, added one by one in their order or in any
     order, it must predict exactly what ``predict_peak`` and ``predict_duration`` do."""
     from gpusched.predict import TaskHistory
 
-    whole = TaskHistory.of(TASK, samples, runs)
-    added = TaskHistory(TASK)
+    in_order, shuffled = TaskHistory(TASK), TaskHistory(TASK)
+    for s in samples:
+        in_order.add(s)
+    for k, r in enumerate(runs):
+        in_order.add_run(r, k)
     for s in rng.sample(samples, len(samples)):
-        added.add(s)
+        shuffled.add(s)
     for k in rng.sample(range(len(runs)), len(runs)):
-        added.add_run(runs[k], k)
-    for h in (whole, added):
+        shuffled.add_run(runs[k], k)
+    for h in (in_order, shuffled):
         assert h.jobs == {s.job_id for s in samples}
         for job in ("j0", "j1", "j9"):
             for tier in range(5):
