@@ -138,8 +138,9 @@ class Scheduler:
             on_event=self.on_event,
         )
         self._suites: dict[str, tuple[float, SuiteRow]] = {}
-        self._rows: dict[tuple[object, ...], JobRow] = {}  # the candidates last read, by their columns
-        self._queue_version: tuple[int, int] | None = None  # the database they were read from
+        self._queue: dict[int, JobRow] = {}  # the candidates last read, by seq, in the queue's order
+        self._queue_version: int | None = None  # the database they were read from (its data_version)
+        store.note_changed_jobs()  # ... and what this connection changed since
         self._queue_span = (math.inf, -math.inf)  # ... valid for these times (no not_before within)
         self._term_sent: dict[int, float] = {}
         self._stops: dict[int, tuple[str, float]] = {}  # attempts stopped at a limit: (why, since)
@@ -549,29 +550,43 @@ class Scheduler:
         return [j for j in queued if j.id not in waits] if waits else queued
 
     def _candidates(self, now: float) -> list[JobRow]:
-        """The first ``candidates`` queued jobs that may start at ``now``. Read again only when
-        the database changed (a commit by another connection moves ``data_version``, one by ours
-        ``total_changes``) or ``now`` left the span in which no ``not_before`` falls."""
-        db = self.store.db
-        version = (db.execute("PRAGMA data_version").fetchone()[0], db.total_changes)
+        """The first ``candidates`` queued jobs that may start at ``now``, in the queue's order.
+        Kept between ticks: read whole again when another connection committed (a submit, a
+        cancel: ``PRAGMA data_version`` moves) or ``now`` left the span in which no
+        ``not_before`` falls; after this connection's own writes (a tick's launches and reaps)
+        only the window's order is read again, and whole only the rows it changed
+        (:meth:`Store.changed_jobs`) or that are new to the window."""
+        db, n = self.store.db, self.settings.candidates
+        version = db.execute("PRAGMA data_version").fetchone()[0]
+        changed = self.store.changed_jobs()
         since, until = self._queue_span
-        if version == self._queue_version and since <= now < until:
-            return list(self._rows.values())
-        rows = db.execute(
-            "SELECT * FROM jobs WHERE state = 'queued' AND (not_before IS NULL OR not_before <= ?)"
-            " ORDER BY priority DESC, seq LIMIT ?",
-            (now, self.settings.candidates),
-        ).fetchall()
+        if version == self._queue_version and not changed and since <= now < until:
+            return list(self._queue.values())
+        ready = "state = 'queued' AND (not_before IS NULL OR not_before <= ?)"
+        if version != self._queue_version:
+            rows = db.execute(
+                f"SELECT * FROM jobs WHERE {ready} ORDER BY priority DESC, seq LIMIT ?", (now, n)
+            )
+            self._queue = {r["seq"]: JobRow.from_row(r) for r in rows}
+        else:
+            kept = {seq: j for seq, j in self._queue.items() if seq not in changed}
+            order = [
+                seq
+                for (seq,) in db.execute(
+                    f"SELECT seq FROM jobs WHERE {ready} ORDER BY priority DESC, seq LIMIT ?", (now, n)
+                )
+            ]
+            new = [seq for seq in order if seq not in kept]
+            if new:
+                marks = ",".join("?" * len(new))
+                q = f"SELECT * FROM jobs WHERE state = 'queued' AND seq IN ({marks})"
+                kept.update((r["seq"], JobRow.from_row(r)) for r in db.execute(q, new))
+            self._queue = {seq: kept[seq] for seq in order if seq in kept}
         (later,) = db.execute(
             "SELECT MIN(not_before) FROM jobs WHERE state = 'queued' AND not_before > ?", (now,)
         ).fetchone()
         self._queue_version, self._queue_span = version, (now, math.inf if later is None else later)
-        # a row whose every column is as last read reuses its (immutable) JobRow: no decoding
-        old, self._rows = self._rows, {}
-        for r in rows:
-            cols = tuple(r)
-            self._rows[cols] = old.get(cols) or JobRow.from_row(r)
-        return list(self._rows.values())
+        return list(self._queue.values())
 
     def _views(
         self, live: list[AttemptRow], gpus: list[GpuState], att: memory.Attribution, now: float

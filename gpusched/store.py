@@ -123,6 +123,26 @@ class Store:
             if name not in have:  # an older gpusched's database: read as empty
                 self.db.execute(f"CREATE TEMP TABLE IF NOT EXISTS {name} {cols}")
 
+    def note_changed_jobs(self) -> None:
+        """From now on, list the jobs this connection changes (inserts, updates, deletes: by
+        ``seq``) for :meth:`changed_jobs`. Temp triggers fire for this connection's own writes
+        only; another connection's commit shows as ``PRAGMA data_version`` moving. A rolled
+        back change leaves no entry, as it leaves no change."""
+        self.db.execute("CREATE TEMP TABLE IF NOT EXISTS jobs_changed(seq INTEGER PRIMARY KEY)")
+        for event, row in (("INSERT", "NEW"), ("UPDATE", "NEW"), ("DELETE", "OLD")):
+            self.db.execute(
+                f"CREATE TEMP TRIGGER IF NOT EXISTS jobs_changed_{event.lower()} AFTER {event} ON main.jobs"
+                f" BEGIN INSERT OR IGNORE INTO jobs_changed(seq) VALUES ({row}.seq); END"
+            )
+
+    def changed_jobs(self) -> set[int]:
+        """The ``seq`` of each job this connection changed since the last call (see
+        :meth:`note_changed_jobs`), forgotten as they are returned."""
+        seqs = {seq for (seq,) in self.db.execute("SELECT seq FROM temp.jobs_changed")}
+        if seqs:
+            self.db.execute("DELETE FROM temp.jobs_changed")
+        return seqs
+
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
         """One short write transaction (BEGIN IMMEDIATE: writers queue up instead of

@@ -327,13 +327,17 @@ def test_candidates_reuse_a_row_only_while_every_column_is_the_same(tmp_path) ->
 
 
 class _CountingDb:
-    """The store's connection, counting the reads of the queue."""
+    """The store's connection, counting the reads of the queue: whole (every column of the
+    window), its order only, and rows by seq (with how many seqs each asked for)."""
 
     def __init__(self, db) -> None:  # type: ignore[no-untyped-def]
-        self.db, self.reads = db, 0
+        self.db, self.whole, self.order, self.rows = db, 0, 0, []
 
     def execute(self, sql, *args):  # type: ignore[no-untyped-def]
-        self.reads += sql.startswith("SELECT * FROM jobs WHERE state = 'queued'")
+        self.whole += sql.startswith("SELECT * FROM jobs WHERE state = 'queued' AND (not_before")
+        self.order += sql.startswith("SELECT seq FROM jobs WHERE state = 'queued'")
+        if sql.startswith("SELECT * FROM jobs WHERE state = 'queued' AND seq IN"):
+            self.rows.append(len(args[0]))
         return self.db.execute(sql, *args)
 
     def __getattr__(self, name):  # type: ignore[no-untyped-def]
@@ -341,8 +345,9 @@ class _CountingDb:
 
 
 def test_the_queue_is_read_again_only_when_the_database_or_a_not_before_says_so(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """An idle tick over a long queue reads no rows; a write by the daemon itself, one by
-    another process and a not_before that the clock passes each make it read them again."""
+    """An idle tick over a long queue reads no rows; a write by the daemon itself makes it read
+    the queue's order and only the row it changed; one by another process (which the daemon
+    cannot list) and a not_before that the clock passes make it read the queue whole."""
     from gpusched.model import GpuPlan
     from gpusched.store import Store
     from tests.unit.test_scheduler import World, make_suite
@@ -352,20 +357,48 @@ def test_the_queue_is_read_again_only_when_the_database_or_a_not_before_says_so(
     world.tick()
     db = world.store.db = _CountingDb(world.store.db)  # type: ignore[assignment]
     sched, now = world.sched, world.now
-    first = sched._candidates(now)
-    assert len(first) == 3 and db.reads == 1
-    assert sched._candidates(now + 5) == first and db.reads == 1  # nothing changed: not read
+    first = sched._candidates(now)  # after the tick's own launch: its order, no row read whole
+    assert len(first) == 3 and db.whole == 0 and db.order == 1
+    db.order, db.rows = 0, []
+    assert sched._candidates(now + 5) == first and (db.whole, db.order, db.rows) == (0, 0, [])
     world.store.set_waits({first[0].id: "ours"})  # the daemon's own write
-    assert sched._candidates(now + 5)[0].wait_reason == "ours" and db.reads == 2
+    again = sched._candidates(now + 5)
+    assert again[0].wait_reason == "ours" and (db.whole, db.order, db.rows) == (0, 1, [1])
+    assert again[1] is first[1] and again[2] is first[2]  # unchanged: not read, not decoded
     other = Store(tmp_path / "gs.db")  # another process (the CLI)
     other.db.execute("UPDATE jobs SET not_before = ? WHERE id = ?", (now + 100, first[1].id))
     other.db.commit()
-    assert [j.id for j in sched._candidates(now + 6)] == [first[0].id, first[2].id] and db.reads == 3
-    assert len(sched._candidates(now + 99)) == 2 and db.reads == 3
-    assert [j.id for j in sched._candidates(now + 100)] == [
-        j.id for j in first
-    ] and db.reads == 4  # its time came
-    assert sched._candidates(now + 7) and db.reads == 5  # the clock went back: read again
+    assert [j.id for j in sched._candidates(now + 6)] == [first[0].id, first[2].id] and db.whole == 1
+    assert len(sched._candidates(now + 99)) == 2 and db.whole == 1 and db.order == 1
+    back = sched._candidates(now + 100)  # its time came: the order is read, the row it lacks
+    assert [j.id for j in back] == [j.id for j in first] and (db.order, db.rows) == (2, [1, 1])
+    assert back[1].not_before == now + 100
+    assert sched._candidates(now + 7) and db.order == 3  # the clock went back: read again
+
+
+def test_a_launch_or_reap_the_daemon_rolled_back_leaves_the_queue_as_stored(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A change undone (a savepoint rolled back: a reap or launch that failed half-way) lists
+    no job, and the kept rows still equal what the store holds."""
+    from gpusched.model import GpuPlan
+    from tests.unit.test_scheduler import World, make_suite
+
+    world = World(tmp_path, GpuPlan(gpus=(0,), slots=(1,)), gpus="1x24GiB")
+    world.submit(make_suite(tmp_path, n=4))
+    world.tick()
+    sched, now = world.sched, world.now
+    first = sched._candidates(now)
+    with world.store.tx():
+        try:
+            with world.store.tx():
+                world.store.set_waits({first[0].id: "undone"})
+                raise RuntimeError("a launch failed half-way")
+        except RuntimeError:
+            pass
+        world.store.set_waits({first[1].id: "kept"})
+    assert world.store.changed_jobs() == {first[1].seq}
+    world.store.set_waits({first[1].id: "kept again"})
+    stored = {j.id: j for j in world.store.jobs(states=["queued"])}
+    assert sched._candidates(now) == [stored[j.id] for j in first]
 
 
 def test_jobs_of_one_kind_get_the_view_their_own_row_would(tmp_path) -> None:  # type: ignore[no-untyped-def]
