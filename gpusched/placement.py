@@ -175,11 +175,15 @@ def _first_pass(
     spared: set[int] = set()
     waited: dict[_Key, Wait] = {}
     empty = [g for g in views.values() if g.running == 0]  # the cards a job may take alone
+    alone: dict[_Key, bool] = {}  # by rules key, while ``empty`` stays as it is
     for job in jobs:
-        if any(alone_on(job, g, headroom_frac) for g in empty):
+        kind = keys[id(job)]
+        if kind not in alone:
+            alone[kind] = any(alone_on(job, g, headroom_frac) for g in empty)
+        if alone[kind]:
             spared.add(id(job))
         falls = job.fallback if job.pack_now else ()
-        key = (keys[id(job)], falls)
+        key = (kind, falls)
         if key in waited:
             waits.append((job, Wait(job_id=job.job_id, reason=waited[key].reason)))
             continue
@@ -190,7 +194,9 @@ def _first_pass(
         if isinstance(outcome, Placement):
             _occupy(outcome, placed, views, placements)
             waited.clear()
-            empty = [g for g in empty if g.index != outcome.gpu]
+            if any(g.index == outcome.gpu for g in empty):
+                empty = [g for g in empty if g.index != outcome.gpu]
+                alone.clear()
         else:
             waits.append((job, outcome))
             waited[key] = outcome

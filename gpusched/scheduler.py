@@ -477,10 +477,11 @@ class Scheduler:
         for gpu, job_id in self.memory.holds.items():
             if old.get(gpu) != job_id:
                 self.on_event(f"{job_id}: GPU {gpu} kept free for it (it waits for memory)")
+        held = {j: g for g, j in reversed(self.memory.holds.items())}  # job -> its (first) held card
         for job_id, why in list(waits.items()):
-            note = demand[job_id].note if job_id in demand else None
-            held = [g for g, j in self.memory.holds.items() if j == job_id]
-            suffix = f"; GPU {held[0]} is kept free for it" if held else ""
+            d = demand.get(job_id)
+            note = d.note if d is not None else None
+            suffix = f"; GPU {held[job_id]} is kept free for it" if job_id in held else ""
             waits[job_id] = f"{note}; {why}{suffix}" if note else f"{why}{suffix}"
 
     def _say_out(self, waits: dict[str, str], by_id: Mapping[str, JobRow], out: Mapping[int, GpuOut]) -> None:
