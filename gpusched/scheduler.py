@@ -558,36 +558,36 @@ class Scheduler:
         only the window's order is read again, and whole only the rows it changed
         (:meth:`Store.changed_jobs`) or that are new to the window."""
         db, n = self.store.db, self.settings.candidates
-        version = db.execute("PRAGMA data_version").fetchone()[0]
+        version = self._data_version()
         changed = self.store.changed_jobs()
         since, until = self._queue_span
-        if version == self._queue_version and not changed and since <= now < until:
-            return list(self._queue.values())
-        ready = "state = 'queued' AND (not_before IS NULL OR not_before <= ?)"
-        if version != self._queue_version:
-            rows = db.execute(
-                f"SELECT * FROM jobs WHERE {ready} ORDER BY priority DESC, seq LIMIT ?", (now, n)
-            )
-            self._queue = {r["seq"]: JobRow.from_row(r) for r in rows}
-        else:
+        window = "FROM jobs WHERE state = 'queued' AND (not_before IS NULL OR not_before <= ?)"
+        window += " ORDER BY priority DESC, seq LIMIT ?"
+        fresh = version == self._queue_version
+        if fresh:
+            if not changed and since <= now < until:
+                return list(self._queue.values())
             kept = {seq: j for seq, j in self._queue.items() if seq not in changed}
-            order = [
-                seq
-                for (seq,) in db.execute(
-                    f"SELECT seq FROM jobs WHERE {ready} ORDER BY priority DESC, seq LIMIT ?", (now, n)
-                )
-            ]
+            order = [seq for (seq,) in db.execute(f"SELECT seq {window}", (now, n))]
             new = [seq for seq in order if seq not in kept]
             if new:
                 marks = ",".join("?" * len(new))
                 q = f"SELECT * FROM jobs WHERE state = 'queued' AND seq IN ({marks})"
                 kept.update((r["seq"], JobRow.from_row(r)) for r in db.execute(q, new))
             self._queue = {seq: kept[seq] for seq in order if seq in kept}
+            fresh = self._data_version() == version  # no other commit landed between those reads
+        if not fresh:
+            version = self._data_version()
+            self._queue = {r["seq"]: JobRow.from_row(r) for r in db.execute(f"SELECT * {window}", (now, n))}
         (later,) = db.execute(
             "SELECT MIN(not_before) FROM jobs WHERE state = 'queued' AND not_before > ?", (now,)
         ).fetchone()
         self._queue_version, self._queue_span = version, (now, math.inf if later is None else later)
         return list(self._queue.values())
+
+    def _data_version(self) -> int:
+        """Moves when another connection commits to the database (a submit, a cancel)."""
+        return int(self.store.db.execute("PRAGMA data_version").fetchone()[0])
 
     def _views(
         self, live: list[AttemptRow], gpus: list[GpuState], att: memory.Attribution, now: float

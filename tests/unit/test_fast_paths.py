@@ -332,10 +332,14 @@ class _CountingDb:
 
     def __init__(self, db) -> None:  # type: ignore[no-untyped-def]
         self.db, self.whole, self.order, self.rows = db, 0, 0, []
+        self.on_order = lambda: None  # run once, just before the next read of the queue's order
 
     def execute(self, sql, *args):  # type: ignore[no-untyped-def]
         self.whole += sql.startswith("SELECT * FROM jobs WHERE state = 'queued' AND (not_before")
-        self.order += sql.startswith("SELECT seq FROM jobs WHERE state = 'queued'")
+        if sql.startswith("SELECT seq FROM jobs WHERE state = 'queued'"):
+            self.order += 1
+            self.on_order, hook = (lambda: None), self.on_order
+            hook()
         if sql.startswith("SELECT * FROM jobs WHERE state = 'queued' AND seq IN"):
             self.rows.append(len(args[0]))
         return self.db.execute(sql, *args)
@@ -374,6 +378,33 @@ def test_the_queue_is_read_again_only_when_the_database_or_a_not_before_says_so(
     assert [j.id for j in back] == [j.id for j in first] and (db.order, db.rows) == (2, [1, 1])
     assert back[1].not_before == now + 100
     assert sched._candidates(now + 7) and db.order == 3  # the clock went back: read again
+
+
+def test_a_commit_by_another_process_while_the_queue_is_read_is_not_missed(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Another process's commit that lands between the daemon's own checks and its reads (a
+    `gpusched submit` again, changing a queued job) makes the tick read the window whole: no
+    row kept from before it is used."""
+    from gpusched.model import GpuPlan
+    from gpusched.store import Store
+    from tests.unit.test_scheduler import World, make_suite
+
+    world = World(tmp_path, GpuPlan(gpus=(0,), slots=(1,)), gpus="1x24GiB")
+    world.submit(make_suite(tmp_path, n=4))
+    world.tick()
+    db = world.store.db = _CountingDb(world.store.db)  # type: ignore[assignment]
+    sched, now = world.sched, world.now
+    first = sched._candidates(now)
+    world.store.set_waits({first[0].id: "ours"})  # the daemon's own write: the next read is partial
+
+    def other_commits() -> None:
+        other = Store(tmp_path / "gs.db")
+        other.db.execute("UPDATE jobs SET priority = 5 WHERE id = ?", (first[2].id,))
+        other.db.commit()
+
+    db.on_order, whole = other_commits, db.whole
+    again = sched._candidates(now)
+    assert db.whole == whole + 1  # read whole after all
+    assert [j.id for j in again] == [first[2].id, first[0].id, first[1].id] and again[0].priority == 5
 
 
 def test_a_launch_or_reap_the_daemon_rolled_back_leaves_the_queue_as_stored(tmp_path) -> None:  # type: ignore[no-untyped-def]
