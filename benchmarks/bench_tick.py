@@ -94,7 +94,9 @@ def _child(tree: Path, args: argparse.Namespace, n: int, *, callgrind: bool = Fa
     argv = [sys.executable, __file__, "--child", f"--queued={args.queued}", f"--candidates={args.candidates}"]
     argv.append(f"--ends={args.ends}")
     argv.append(f"--ticks={n}")
-    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0"}
+    # the tree first, ahead of whatever else the path held (where the dependencies may be)
+    path = os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONHASHSEED": "0"}
     if callgrind:
         argv = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv]
     r = subprocess.run(argv, env=env, capture_output=True, text=True)
