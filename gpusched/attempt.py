@@ -117,7 +117,8 @@ class AttemptPaths(Struct, frozen=True):
 
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads(path.read_text())
+        with open(path, "rb") as f:  # bytes: json detects UTF-8 itself, no text layer
+            data = json.loads(f.read())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -228,7 +229,8 @@ def materialize(
         checkpoint = find_checkpoint(workdir, out_dir, suite.resume.checkpoint_glob)
     resolved = tiers.resolve(suite, job, tier_index, checkpoint=checkpoint)
     tier = suite.tiers[tier_index]
-    paths.dir.mkdir(parents=True, exist_ok=True)
+    adir, config = str(paths.dir), paths.config  # each spelled once: a launch is on the hot path
+    os.makedirs(adir, exist_ok=True)
 
     header = [
         f"# materialized by gpusched for {job.id}, attempt {attempt_n}, tier {tier.name}",
@@ -237,7 +239,7 @@ def materialize(
     ]
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's when built with it: ~10x faster
     body = yaml.dump(dict(resolved.config), Dumper=dumper, sort_keys=False, allow_unicode=True)
-    _write_fresh(paths.config, "\n".join(header) + "\n" + body)
+    _write_fresh(config, "\n".join(header) + "\n" + body)
 
     env = dict(resolved.env)
     if backend != "slurm":  # on Slurm the allocation (GRES) sets CUDA_VISIBLE_DEVICES
@@ -249,16 +251,16 @@ def materialize(
         GPUSCHED_JOB=job.name,
         GPUSCHED_ATTEMPT=str(attempt_n),
         GPUSCHED_TIER=tier.name,
-        GPUSCHED_ATTEMPT_DIR=str(paths.dir),
+        GPUSCHED_ATTEMPT_DIR=adir,
         GPUSCHED_GPU="" if gpu is None else str(gpu),
     )
 
     fields = {
-        "config": str(paths.config),
+        "config": str(config),
         "job": job.name,
         "suite": job.suite,
         "tier": tier.name,
-        "attempt_dir": str(paths.dir),
+        "attempt_dir": adir,
         "gpu": "" if gpu is None else str(gpu),
     }
     command = suite.command.format_map({k: shlex.quote(v) for k, v in fields.items()})
@@ -293,10 +295,14 @@ def _write_fresh(path: Path, text: str, *, mode: int = 0o644) -> None:
     """Write a file of a new attempt directory in place. No temp file + rename (a quarter of
     a launch's cost): nothing reads these files before the wrapper starts, and a launch cut
     short is never started (a restarted daemon gives the job a new attempt directory)."""
+    data = text.encode()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w") as f:
+    try:
         os.fchmod(fd, mode)
-        f.write(text)
+        while data:
+            data = data[os.write(fd, data) :]
+    finally:
+        os.close(fd)
 
 
 def _atomic_write(path: Path, text: str, *, mode: int = 0o644) -> None:
