@@ -43,9 +43,28 @@ def gpusched(backend: str) -> Callable[[int, int], float]:
             bad = {k: v for k, v in sb.counts().items() if k != "succeeded"}
             if bad:
                 raise RuntimeError(f"gpusched {backend}: not all jobs succeeded: {bad}")
+            print(f"    gpusched ({backend}): {_ticks(sb.db)}", file=sys.stderr)
             return t1 - t0
 
     return run
+
+
+def _ticks(db_path: Path) -> str:
+    """How many ticks launched the jobs, and how many each (a tick stamps its launches with
+    its own clock): few large ticks spread a tick's fixed cost thin, many small ones do not."""
+    import sqlite3
+    from collections import Counter
+
+    db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    try:
+        per_tick = Counter(at for (at,) in db.execute("SELECT launched_at FROM attempts"))
+    finally:
+        db.close()
+    sizes = sorted(per_tick.values())
+    return (
+        f"{sum(sizes)} attempts launched in {len(sizes)} ticks"
+        f" ({sizes[len(sizes) // 2]} a tick at the median, {sizes[0]}-{sizes[-1]})"
+    )
 
 
 def floor(backend: str) -> Callable[[int, int], float]:
