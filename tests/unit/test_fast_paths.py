@@ -285,6 +285,44 @@ def test_spawned_children_that_ended_are_reaped_by_the_next_spawn() -> None:
     last.wait()
 
 
+def test_a_program_is_found_on_path_once_and_again_when_path_or_the_file_changes(
+    tmp_path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A spawn runs what posix_spawnp would find on PATH, without the child searching PATH at
+    every spawn: the program the PATH of this moment names, and after a failed start (the
+    file gone) the one PATH names then."""
+    import pytest
+
+    from gpusched import proc
+    from gpusched.errors import CommandFailed
+
+    out = tmp_path / "out"
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        prog = tmp_path / name / "gpusched-test-prog"
+        prog.write_text(f"#!/bin/sh\necho {name} >> {out}\n")
+        prog.chmod(0o755)
+    monkeypatch.setattr(proc, "_found", {})
+
+    def run() -> list[str]:
+        proc.spawn(["gpusched-test-prog"]).wait()
+        return out.read_text().split()
+
+    monkeypatch.setenv("PATH", f"{tmp_path / 'a'}:{tmp_path / 'b'}")
+    assert run() == ["a"]
+    assert list(proc._found.values()) == [str(tmp_path / "a" / "gpusched-test-prog")]  # found once
+    monkeypatch.setenv("PATH", f"{tmp_path / 'b'}:{tmp_path / 'a'}")
+    assert run() == ["a", "b"]  # another PATH: looked up again
+    (tmp_path / "b" / "gpusched-test-prog").unlink()
+    with pytest.raises(CommandFailed) as failed:
+        run()  # the file found before is gone: posix_spawn says so, as posix_spawnp would
+    assert failed.value.returncode == 127 and "cannot start" in str(failed.value)
+    assert run() == ["a", "b", "a"]  # looked up again: the one left on PATH
+    (tmp_path / "a" / "gpusched-test-prog").unlink()
+    with pytest.raises(CommandFailed, match="gpusched-test-prog: cannot start"):
+        run()  # on PATH nowhere
+
+
 def test_a_full_queue_that_nothing_starves_costs_pack_no_new_view(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """demands() gives each job its slower tiers once per kind; pack() then keeps every view
     that is not starved as it is (at 1,000 queued it rebuilt ~800 views a tick)."""
