@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -24,18 +25,27 @@ from placement import CARD_MIB, GPUS, e1_trace
 
 from gpusched import sim
 
+#: The ladder's tier names, by index, for the pairs' labels.
+TIER_NAMES = "ABCD"
+
 
 def pairing_bound_s(trace: sim.Trace, cards: int, usable_mib: int, tiers: int = 3) -> float:
     """The LP bound in seconds for ``cards`` cards of ``usable_mib`` each, two jobs per card,
     each job at one of its first ``tiers`` tiers (the default ladder's D runs alone, slower)."""
+    return pairing_lp(trace, cards, usable_mib, tiers)[0]
+
+
+def pairing_lp(trace: sim.Trace, cards: int, usable_mib: int, tiers: int = 3) -> tuple[float, Counter[str]]:
+    """The LP bound in seconds, and the card-hours its solution spends on each kind of pair
+    ("mnli-A + qqp-B": tasks at tiers; one job alone is a kind of its own)."""
     import numpy as np
     from scipy.optimize import linprog
     from scipy.sparse import lil_matrix
 
     items = sorted(
-        (p.peak_mib, j, p.duration_s)
+        (p.peak_mib, j, p.duration_s, t)
         for j, job in enumerate(trace.jobs)
-        for p in job.tiers[:tiers]
+        for t, p in enumerate(job.tiers[:tiers])
         if p.peak_mib <= usable_mib
     )
     pairs: list[tuple[int, ...]] = [(a,) for a in range(len(items))]
@@ -56,13 +66,28 @@ def pairing_bound_s(trace: sim.Trace, cards: int, usable_mib: int, tiers: int = 
         bounds=(0, None),
         method="highs",
     )
-    return float(res.fun)
+    mix: Counter[str] = Counter()
+    for c, seconds in enumerate(res.x):
+        if seconds > 1e-6:
+            kinds = sorted(f"{trace.jobs[items[i][1]].task}-{TIER_NAMES[items[i][3]]}" for i in pairs[c])
+            mix[" + ".join(kinds)] += seconds / 3600
+    return float(res.fun), mix
+
+
+def format_mix(mix: Counter[str], top: int = 20) -> str:
+    """Card-hours per kind of pair, most first (``top`` of them), one a line."""
+    lines = [f"  {hours:6.2f} card-h  {kind}" for kind, hours in mix.most_common(top)]
+    rest = sum(mix.values()) - sum(h for _, h in mix.most_common(top))
+    return "\n".join(lines + ([f"  {rest:6.2f} card-h  (the other kinds)"] if rest > 0.005 else []))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, nargs="+", default=[4])
     ap.add_argument("--headroom", type=float, default=0.10)
+    ap.add_argument(
+        "--pairs", action="store_true", help="also the card-hours of each kind of pair in the LP's solution"
+    )
     args = ap.parse_args()
     from gpusched.model import GpuPlan
 
@@ -70,9 +95,11 @@ def main() -> int:
     for seed in args.seed:
         trace = e1_trace(seed)
         plain = sim.lower_bound_s(trace, plan, [CARD_MIB] * GPUS)
-        lp = pairing_bound_s(trace, GPUS, int(CARD_MIB * (1 - args.headroom)))
+        lp, mix = pairing_lp(trace, GPUS, int(CARD_MIB * (1 - args.headroom)))
         pairing = f"with pairing under {args.headroom:.0%} headroom {lp / 3600:.2f} h"
         print(f"seed {seed}: lower bound {plain / 3600:.2f} h; {pairing}")
+        if args.pairs:
+            print(format_mix(mix))
     return 0
 
 

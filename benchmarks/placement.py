@@ -58,11 +58,13 @@ GPU-hours lost to crashed attempts; mean memory utilisation over the makespan.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -129,6 +131,12 @@ def main(argv: list[str] | None = None) -> int:
         help="measure a second night: the same jobs ran once before, in the same store",
     )
     ap.add_argument(
+        "--pairs",
+        action="store_true",
+        help="also the card-hours of each kind of pair that ran together on a card (compare with"
+        " `pairing_bound.py --pairs`)",
+    )
+    ap.add_argument(
         "--from-history",
         action="store_true",
         help="measure a night that starts from a first night's runs, as `gpusched simulate` replays one",
@@ -159,7 +167,46 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(sim.format_table(results))
     print("simulated in " + ", ".join(f"{k} {v:.0f} s" for k, v in took.items()))
+    if args.pairs:
+        for r in results:
+            pairs, alone, idle = pair_mix(r)
+            together = f"card-hours by what ran together (idle {idle:.2f}; alone {sum(alone.values()):.2f})"
+            print(f"\n{r.label}: {together}")
+            print("\n".join(f"  {h:6.2f} card-h  {kind}" for kind, h in pairs.most_common(20)))
+            print("  alone: " + ", ".join(f"{kind} {h:.2f}" for kind, h in alone.most_common(6)))
     return 0
+
+
+def pair_mix(result: sim.SimResult) -> tuple[Counter[str], Counter[str], float]:
+    """From a night's report: card-hours per kind of pair that ran on one card together
+    ("mnli-A + qqp-B": tasks at tiers; "!" marks an attempt that ran out of memory), per
+    kind of job that ran alone, and the card-hours nothing of ours ran."""
+    pairs: Counter[str] = Counter()
+    alone: Counter[str] = Counter()
+    idle = 0.0
+    zero = result.report.start or 0.0  # the night's submit (after its prior nights, if any)
+    runs = [
+        (
+            a.gpu,
+            a.start - zero,
+            a.end - zero,
+            f"{a.job.rpartition('-')[2]}-{a.tier}" + ("!" if a.outcome == "oom" else ""),
+        )
+        for a in result.report.attempts
+    ]
+    for gpu in range(result.gpus):
+        on_card = [(start, end, kind) for g, start, end, kind in runs if g == gpu]
+        times = sorted({0.0, result.makespan_s, *(t for start, end, _ in on_card for t in (start, end))})
+        for t0, t1 in itertools.pairwise(times):
+            kinds = sorted(kind for start, end, kind in on_card if start <= t0 and end >= t1)
+            h = (t1 - t0) / 3600
+            if len(kinds) >= 2:
+                pairs[" + ".join(kinds[:2])] += h
+            elif kinds:
+                alone[kinds[0]] += h
+            else:
+                idle += h
+    return pairs, alone, idle
 
 
 def night(
