@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from placement import CARD_MIB, GPUS, e1_trace
+from placement import CARD_MIB, GPUS, e1_trace, format_mix
 
 from gpusched import sim
 
@@ -72,13 +72,6 @@ def pairing_lp(trace: sim.Trace, cards: int, usable_mib: int, tiers: int = 3) ->
             kinds = sorted(f"{trace.jobs[items[i][1]].task}-{TIER_NAMES[items[i][3]]}" for i in pairs[c])
             mix[" + ".join(kinds)] += seconds / 3600
     return float(res.fun), mix
-
-
-def format_mix(mix: Counter[str], top: int = 20) -> str:
-    """Card-hours per kind of pair, most first (``top`` of them), one a line."""
-    lines = [f"  {hours:6.2f} card-h  {kind}" for kind, hours in mix.most_common(top)]
-    rest = sum(mix.values()) - sum(h for _, h in mix.most_common(top))
-    return "\n".join(lines + ([f"  {rest:6.2f} card-h  (the other kinds)"] if rest > 0.005 else []))
 
 
 def main() -> int:

@@ -172,9 +172,16 @@ def main(argv: list[str] | None = None) -> int:
             pairs, alone, idle = pair_mix(r)
             together = f"card-hours by what ran together (idle {idle:.2f}; alone {sum(alone.values()):.2f})"
             print(f"\n{r.label}: {together}")
-            print("\n".join(f"  {h:6.2f} card-h  {kind}" for kind, h in pairs.most_common(20)))
+            print(format_mix(pairs))
             print("  alone: " + ", ".join(f"{kind} {h:.2f}" for kind, h in alone.most_common(6)))
     return 0
+
+
+def format_mix(mix: Counter[str], top: int = 20) -> str:
+    """Card-hours per kind of pair, most first (``top`` of them), one a line."""
+    lines = [f"  {hours:6.2f} card-h  {kind}" for kind, hours in mix.most_common(top)]
+    rest = sum(mix.values()) - sum(h for _, h in mix.most_common(top))
+    return "\n".join(lines + ([f"  {rest:6.2f} card-h  (the other kinds)"] if rest > 0.005 else []))
 
 
 def pair_mix(result: sim.SimResult) -> tuple[Counter[str], Counter[str], float]:
