@@ -309,3 +309,22 @@ def test_a_trace_written_by_trace_to_json_reads_back_as_the_same_trace(tmp_path:
     path.write_text('{"jobs": [{"name": "a", "tiers": [{"peak_mib": "lots", "duration_s": 60}]}]}')
     with pytest.raises(ValueError):
         sim.load_trace(path)  # not a number: an error the CLI turns into one line
+
+
+def test_the_pairs_of_a_night_account_for_every_card_hour(results: dict[str, sim.SimResult]) -> None:
+    """``benchmarks/placement.py --pairs``: what ran together, alone, or nothing, on each card
+    from the night's start to its end, adds up to the cards times the makespan; two big jobs,
+    which cannot share a card at tier A, are never shown together there."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from placement import pair_mix
+
+    night = results["gpusched"]
+    pairs, alone, idle = pair_mix(night)
+    total = sum(pairs.values()) + sum(alone.values()) + idle
+    assert total == pytest.approx(len(CARDS) * night.makespan_s / 3600, rel=1e-6)
+    run_h = sum(a.end - a.start for a in night.report.attempts) / 3600  # two a card at most here
+    assert 2 * sum(pairs.values()) + sum(alone.values()) == pytest.approx(run_h, rel=1e-6)
+    assert pairs and "big-A + big-A" not in pairs and idle >= 0
+    assert all(" + " in kind and kind.count("-") >= 2 for kind in pairs)
