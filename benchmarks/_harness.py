@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 PYCACHE = os.path.join(tempfile.gettempdir(), "gpusched-bench-pycache")
@@ -89,14 +90,19 @@ class Sandbox:
         (plans / f"{name}.yaml").write_text(body)
         return name
 
-    def counts(self) -> dict[str, int]:
-        """Jobs per state, read straight from the database (no interpreter start)."""
+    def query(self, sql: str) -> list[tuple[Any, ...]]:
+        """Rows of ``sql`` read straight from the sandbox's database, read-only (no interpreter
+        start, no gpusched in between)."""
+        db = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=30)
         try:
-            db = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=30)
-            try:
-                return dict(db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())
-            finally:
-                db.close()
+            return db.execute(sql).fetchall()
+        finally:
+            db.close()
+
+    def counts(self) -> dict[str, int]:
+        """Jobs per state ({} while the database cannot be read yet)."""
+        try:
+            return dict(self.query("SELECT state, COUNT(*) FROM jobs GROUP BY state"))
         except sqlite3.Error:
             return {}
 

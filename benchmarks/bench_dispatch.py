@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import machine, median, sandbox, table
+from _harness import Sandbox, machine, median, sandbox, table
 
 
 def gpusched(backend: str) -> Callable[[int, int], float]:
@@ -43,23 +43,18 @@ def gpusched(backend: str) -> Callable[[int, int], float]:
             bad = {k: v for k, v in sb.counts().items() if k != "succeeded"}
             if bad:
                 raise RuntimeError(f"gpusched {backend}: not all jobs succeeded: {bad}")
-            print(f"    gpusched ({backend}): {_ticks(sb.db)}", file=sys.stderr)
+            print(f"    gpusched ({backend}): {_ticks(sb)}", file=sys.stderr)
             return t1 - t0
 
     return run
 
 
-def _ticks(db_path: Path) -> str:
+def _ticks(sb: Sandbox) -> str:
     """How many ticks launched the jobs, and how many each (a tick stamps its launches with
     its own clock): few large ticks spread a tick's fixed cost thin, many small ones do not."""
-    import sqlite3
     from collections import Counter
 
-    db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
-    try:
-        per_tick = Counter(at for (at,) in db.execute("SELECT launched_at FROM attempts"))
-    finally:
-        db.close()
+    per_tick = Counter(at for (at,) in sb.query("SELECT launched_at FROM attempts"))
     sizes = sorted(per_tick.values())
     return (
         f"{sum(sizes)} attempts launched in {len(sizes)} ticks"

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import shutil
-import sqlite3
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -40,9 +39,7 @@ COMMAND = (
 
 def gaps(sb: Sandbox) -> list[float]:
     """Seconds between each job's end and the next job's start on its GPU (one slot per GPU)."""
-    db = sqlite3.connect(f"file:{sb.db}?mode=ro", uri=True)
-    rows = db.execute("SELECT gpu, dir FROM attempts WHERE state = 'exited'").fetchall()
-    db.close()
+    rows = sb.query("SELECT gpu, dir FROM attempts WHERE state = 'exited'")
     by_gpu: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for gpu, d in rows:
         t0, t1 = (int((Path(d) / name).read_text()) / 1e9 for name in ("t0", "t1"))
