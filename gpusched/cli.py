@@ -25,6 +25,7 @@ from gpusched.cli_tools import cmd_daemon, cmd_drain, cmd_gpus, cmd_report, cmd_
 from gpusched.errors import GpuschedError, UsageError
 
 if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
+    from gpusched.daemon import Starting
     from gpusched.gpus import Probe
     from gpusched.home import Home
     from gpusched.model import GpuPlan, GpuState, Suite
@@ -182,6 +183,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         s.add_argument("action", choices=["start", "stop", "status", "run"])
         s.add_argument("--probe", help="nvml, none, or fake:4x24GiB")
         s.add_argument("--fake-gpus", help="same as --probe fake:SPEC")
+        s.add_argument("--standby", action="store_true", help=argparse.SUPPRESS)  # see daemon.Starting
         s.set_defaults(func=cmd_daemon)
 
     if want("simulate"):
@@ -244,15 +246,30 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from gpusched import daemon, flags, plan
-    from gpusched.attempt import write_env_snapshot
-    from gpusched.executors.select import check_backend, default_backend
-    from gpusched.gpus.select import make_probe
+    from gpusched import daemon
 
     cwd = Path.cwd()
     home = _home()
     daemon.check_env()  # before anything is queued: the daemon this may start reads these
     probe_spec = _probe_spec(args.fake_gpus)
+    # When no daemon runs, one starts now on standby: its start overlaps reading and queueing
+    # the suite, and it exits unseen should this submit be refused or queue nothing.
+    starting = None if args.dry_run else daemon.prestart(home, probe=probe_spec)
+    try:
+        return _submit(args, cwd, home, probe_spec, starting)
+    finally:
+        if starting is not None:
+            starting.cancel()
+
+
+def _submit(
+    args: argparse.Namespace, cwd: Path, home: Home, probe_spec: str | None, starting: Starting | None
+) -> int:
+    from gpusched import daemon, flags, plan
+    from gpusched.attempt import write_env_snapshot
+    from gpusched.executors.select import check_backend, default_backend
+    from gpusched.gpus.select import make_probe
+
     suite = plan.load_suite(args.suite, cwd=cwd, name=args.name)
     suite = flags.select_jobs(suite, pairs=args.pairs, only=args.only)
     backend = check_backend(args.backend or default_backend())
@@ -300,7 +317,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
     # a repeated submit also brings back a daemon that died while the suite had work left
     unfinished = any(st in ("queued", "running") for _, st in result.skipped)
     wanted = result.queued or result.requeued or unfinished
-    info = daemon.start(home, probe=probe_spec) if wanted else daemon.info(home)
+    if not wanted:
+        info = daemon.info(home)
+    elif starting is not None:
+        info = starting.go()
+    else:
+        info = daemon.start(home, probe=probe_spec)
     daemon.wake(home)
     if args.json:
         print(

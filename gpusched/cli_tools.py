@@ -209,7 +209,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     home = _home()
     probe = args.probe or _probe_spec(args.fake_gpus)
     if args.action == "run":
-        return daemon.run(home, probe_spec=probe)
+        return daemon.run(home, probe_spec=probe, standby=args.standby)
     if args.action == "start":
         info = daemon.start(home, probe=probe)
         print(f"daemon running (pid {info.get('pid')}, probe {info.get('probe')})")

@@ -82,27 +82,77 @@ def start(home: Home, *, probe: str | None = None, timeout_s: float = 15.0) -> d
     current = info(home)
     if current is not None:
         return current
-    check_env()
-    home.ensure()
-    argv = [sys.executable, "-m", "gpusched", "daemon", "run"]
-    if probe:
-        argv += ["--probe", probe]
-    from gpusched import proc
+    return Starting(home, probe=probe).go(timeout_s=timeout_s)
 
-    with open(home.daemon_log, "ab") as out:
-        child = proc.spawn(argv, stdout=out, stderr=out)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        current = info(home)
-        # Ours once it says so: between taking the lock and rewriting daemon.json, a daemon
-        # replacing one killed with -9 shows that one's "ready" file. Another daemon's, when
-        # ours lost the race for the lock to it (and exited).
-        if current is not None and current.get("ready"):
-            ours = current.get("pid") == child.pid
-            if ours or child.poll() is not None:
-                return current
-        time.sleep(0.02)
-    raise DaemonError(f"the daemon did not start within {timeout_s:.0f} s: see {home.daemon_log}")
+
+def prestart(home: Home, *, probe: str | None = None) -> Starting | None:
+    """A daemon started ahead of need (see :class:`Starting`), or None when one runs."""
+    return None if info(home) is not None else Starting(home, probe=probe)
+
+
+class Starting:
+    """A daemon process started on standby (``daemon run --standby``): it starts its
+    interpreter and imports what it runs with, then waits on its stdin holding nothing (no
+    lock, no database, nothing written). :meth:`go` lets it run; :meth:`cancel`, or the end
+    of the process that started it, makes it exit without a trace.
+
+    ``submit`` starts one before it reads the plan, so that the daemon's start (~0.15 s on a
+    16-core machine) overlaps reading and queueing the suite instead of following it, and a
+    refused submit still leaves no daemon behind."""
+
+    def __init__(self, home: Home, *, probe: str | None = None) -> None:
+        check_env()
+        home.ensure()
+        argv = [sys.executable, "-m", "gpusched", "daemon", "run", "--standby"]
+        if probe:
+            argv += ["--probe", probe]
+        from gpusched import proc
+
+        self.home = home
+        told, self._go = os.pipe()
+        try:
+            with open(home.daemon_log, "ab") as out:
+                self.child = proc.spawn(argv, stdin=told, stdout=out, stderr=out)
+        except BaseException:
+            os.close(self._go)
+            raise
+        finally:
+            os.close(told)
+
+    def go(self, *, timeout_s: float = 15.0) -> dict[str, Any]:
+        """Let the daemon run; return its info once it is ready. When another daemon started
+        meanwhile (a submit beside this one), this one exits and that one's info is returned."""
+        current = info(self.home)
+        if current is not None:
+            self.cancel()
+            return current
+        with contextlib.suppress(OSError):  # it died already: the loop below says so
+            os.write(self._go, b"g")
+        self.cancel()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            current = info(self.home)
+            # Ours once it says so: between taking the lock and rewriting daemon.json, a daemon
+            # replacing one killed with -9 shows that one's "ready" file. Another daemon's, when
+            # ours lost the race for the lock to it (and exited).
+            if current is not None and current.get("ready"):
+                ours = current.get("pid") == self.child.pid
+                if ours or self.child.poll() is not None:
+                    return current
+            elif current is None and self.child.poll() is not None:
+                break  # it exited before it was ready, and no other daemon runs
+            time.sleep(0.02)
+        if self.child.returncode is not None:
+            why = f"exited with code {self.child.returncode} as it started"
+        else:
+            why = f"did not start within {timeout_s:.0f} s"
+        raise DaemonError(f"the daemon {why}: see {self.home.daemon_log}")
+
+    def cancel(self) -> None:
+        """Close the daemon's stdin: on standby, it exits (a no-op once it runs)."""
+        if self._go >= 0:
+            os.close(self._go)
+            self._go = -1
 
 
 def stop(home: Home, *, timeout_s: float = 15.0) -> bool:
@@ -162,15 +212,26 @@ def _open_fifo(path: Path) -> int:
     return os.open(path, os.O_RDWR | os.O_NONBLOCK)
 
 
-def run(home: Home, *, probe_spec: str | None = None, interval_s: float = 1.0, sample_s: float = 10.0) -> int:
-    """The daemon's main loop (``gpusched daemon run``); returns the exit code."""
+def run(
+    home: Home,
+    *,
+    probe_spec: str | None = None,
+    interval_s: float = 1.0,
+    sample_s: float = 10.0,
+    standby: bool = False,
+) -> int:
+    """The daemon's main loop (``gpusched daemon run``); returns the exit code. ``standby``:
+    first wait for the word to go on stdin (see :class:`Starting`)."""
     from filelock import FileLock, Timeout
 
+    from gpusched.executors import select as _executors  # noqa: F401  (imported before the word)
     from gpusched.gpus import published
     from gpusched.gpus.select import make_probe
     from gpusched.scheduler import Scheduler, Settings
     from gpusched.store import Store
 
+    if standby and not _told_to_go():
+        return 0
     home.ensure()
     lock = FileLock(str(home.lock))
     try:
@@ -257,6 +318,19 @@ def run(home: Home, *, probe_spec: str | None = None, interval_s: float = 1.0, s
         store.close()
         lock.release()
     return 0
+
+
+def _told_to_go() -> bool:
+    """On standby: block until stdin says go (b"g") or ends (the process that started this
+    one gave up or died), then read /dev/null instead, as a daemon does."""
+    try:
+        word = os.read(0, 1)
+    except OSError:
+        word = b""
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    return word == b"g"
 
 
 def _cancel_grace_s() -> float:

@@ -274,3 +274,42 @@ def test_bad_input_is_one_clear_line_exit_2_and_nothing_enqueued(
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert needle in lines[0], lines[0]
     assert status(project)["jobs"] == []
+    # the daemon it started on standby, before it read the plan, is gone without a trace
+    retry_until(lambda: not proc.carrying("GPUSCHED_HOME", str(gs_home)), timeout=10)
+    assert run_cli("daemon", "status", cwd=project).returncode == 3
+
+
+def test_a_daemon_on_standby_holds_nothing_and_ends_unless_told_to_go(gs_home: Path) -> None:
+    """`submit` starts the daemon before it reads the plan (its start overlaps the submit's own
+    work): until told to go it has taken no lock, opened no database and written nothing, and
+    it exits when let go; told to go, it is the daemon, ready, with that same pid."""
+    from gpusched import daemon
+
+    home = Home(gs_home)
+    standby = daemon.Starting(home, probe="fake:1x24GiB")
+    assert daemon.info(home) is None and not home.db.exists()
+    standby.cancel()
+    assert standby.child.wait() == 0
+    assert daemon.info(home) is None and not home.db.exists() and not home.daemon_info.exists()
+
+    ready = daemon.Starting(home, probe="fake:1x24GiB").go()
+    assert ready["ready"] and ready["probe"] == "fake"
+    assert daemon.info(home) == ready
+    # a second one, started beside a daemon that runs, steps aside for it
+    beside = daemon.Starting(home, probe="fake:1x24GiB")
+    assert beside.go()["pid"] == ready["pid"]
+    assert beside.child.wait() == 0 and daemon.info(home)["pid"] == ready["pid"]  # type: ignore[index]
+
+
+def test_a_submit_that_queues_nothing_leaves_no_daemon(gs_home: Path, project: Path) -> None:
+    """Everything already succeeded: a repeated submit queues nothing and starts no daemon
+    (the one it had on standby exits)."""
+    write_plan(project, "sp", PLAN)
+    args = ("submit", "--suite", "sp", "--only", "1-sst2", "--gpu-plan", "1", "--backend", "subprocess")
+    run_cli(*args, cwd=project, env=FAKE, check=True)
+    run_cli("wait", "--suite", "sp", "--quiet", "--timeout", "60", cwd=project, check=True)
+    run_cli("daemon", "stop", cwd=project, check=True)
+    r = run_cli(*args, cwd=project, env=FAKE, check=True)
+    assert "left as they are: 1 succeeded" in r.stdout
+    assert run_cli("daemon", "status", cwd=project).returncode == 3
+    retry_until(lambda: not proc.carrying("GPUSCHED_HOME", str(gs_home)), timeout=10)
