@@ -128,7 +128,12 @@ def single_line(w: Where, value: Any, example: str) -> str:
 # --------------------------------------------------------------------------- reading files
 
 
-class _PlanLoader(yaml.SafeLoader):
+#: PyYAML's safe loader on libyaml where PyYAML was built with it (the wheels are): the same
+#: documents, ten times faster to read (a thousand-job matrix: ~8 ms instead of ~100).
+_SafeLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _PlanLoader(_SafeLoader):  # type: ignore[valid-type,misc]
     """safe_load, except that a key written twice in one mapping is an error, not a silent
     overwrite (two ``config:`` blocks are a common copy-paste slip)."""
 
@@ -157,7 +162,7 @@ def read_yaml(path: Path, shown: str, *, strict: bool) -> Any:
     except (OSError, UnicodeDecodeError) as exc:
         raise one_line(f"{shown}: cannot be read ({exc})") from None
     try:
-        return yaml.load(content, Loader=_PlanLoader if strict else yaml.SafeLoader)  # both loaders are safe
+        return yaml.load(content, Loader=_PlanLoader if strict else _SafeLoader)  # both loaders are safe
     except yaml.YAMLError as exc:
         raise _yaml_error(shown, exc) from None
 
