@@ -230,6 +230,7 @@ def run(
     from gpusched.scheduler import Scheduler, Settings
     from gpusched.store import Store
 
+    probe = make_probe(probe_spec)  # (before the word: initialising NVML takes a while)
     if standby and not _told_to_go():
         return 0
     home.ensure()
@@ -262,7 +263,6 @@ def run(
     os.environ.pop("GPUSCHED_TOKEN", None)
     fifo = _open_fifo(home.wake)
     store = Store(home.db)
-    probe = make_probe(probe_spec)
     executors = _Executors(home)
     executors.preload(sorted({s.backend for s in store.suites()}))
     settings = Settings(wake_path=str(home.wake), cancel_grace_s=_cancel_grace_s())
