@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import os
 import shutil
 import subprocess
@@ -43,22 +44,27 @@ def gpusched(backend: str) -> Callable[[int, int], float]:
             bad = {k: v for k, v in sb.counts().items() if k != "succeeded"}
             if bad:
                 raise RuntimeError(f"gpusched {backend}: not all jobs succeeded: {bad}")
-            print(f"    gpusched ({backend}): {_ticks(sb)}", file=sys.stderr)
+            print(f"    gpusched ({backend}): {_ticks(sb, t0)}", file=sys.stderr)
             return t1 - t0
 
     return run
 
 
-def _ticks(sb: Sandbox) -> str:
-    """How many ticks launched the jobs, and how many each (a tick stamps its launches with
-    its own clock): few large ticks spread a tick's fixed cost thin, many small ones do not."""
+def _ticks(sb: Sandbox, t0: float) -> str:
+    """When the first tick launched (after ``submit`` began at ``t0``: its own start and the
+    daemon's), how many ticks launched the jobs, how many each, and how long a tick took (a
+    tick stamps its launches with its own clock): few large ticks spread a tick's fixed cost
+    thin, many small ones do not."""
     from collections import Counter
 
     per_tick = Counter(at for (at,) in sb.query("SELECT launched_at FROM attempts"))
     sizes = sorted(per_tick.values())
+    starts = sorted(per_tick)
+    periods = sorted(b - a for a, b in itertools.pairwise(starts))
+    period = f", {1000 * periods[len(periods) // 2]:.1f} ms a tick at the median" if periods else ""
     return (
-        f"{sum(sizes)} attempts launched in {len(sizes)} ticks"
-        f" ({sizes[len(sizes) // 2]} a tick at the median, {sizes[0]}-{sizes[-1]})"
+        f"first launch {starts[0] - t0:.3f} s after submit; {sum(sizes)} attempts launched in"
+        f" {len(sizes)} ticks ({sizes[len(sizes) // 2]} a tick at the median, {sizes[0]}-{sizes[-1]}{period})"
     )
 
 
