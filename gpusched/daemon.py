@@ -23,7 +23,7 @@ from typing import Any
 
 from gpusched.errors import DaemonError
 from gpusched.home import Home
-from gpusched.logs import logger
+from gpusched.logs import last_line, logger, tail
 
 log = logger(__name__)  # logging is imported on first use (status logs nothing)
 
@@ -141,12 +141,16 @@ class Starting:
                     return current
             elif current is None and self.child.poll() is not None:
                 break  # it exited before it was ready, and no other daemon runs
-            time.sleep(0.02)
-        if self.child.returncode is not None:
-            why = f"exited with code {self.child.returncode} as it started"
-        else:
-            why = f"did not start within {timeout_s:.0f} s"
-        raise DaemonError(f"the daemon {why}: see {self.home.daemon_log}")
+            time.sleep(0.005)
+        log_path = self.home.daemon_log
+        if self.child.returncode is None:
+            raise DaemonError(f"the daemon did not start within {timeout_s:.0f} s: see {log_path}")
+        said = last_line(tail(log_path, 4096))  # its own last words: it appended them as it exited
+        raise DaemonError(
+            f"the daemon exited with code {self.child.returncode} as it started"
+            + (f" ({said})" if said else "")
+            + f": see {log_path}"
+        )
 
     def cancel(self) -> None:
         """Close the daemon's stdin: on standby, it exits (a no-op once it runs)."""

@@ -39,6 +39,7 @@ from gpusched import proc
 from gpusched.errors import CommandFailed, ExecutorError
 from gpusched.executors import TOKEN_ENV, WRAPPER, Handle, LaunchRequest
 from gpusched.home import Home
+from gpusched.logs import last_line, tail
 
 if TYPE_CHECKING:
     import subprocess
@@ -443,7 +444,7 @@ class SlurmExecutor:
         res = self._query(["squeue", "-h", "-t", "all", "-j", ",".join(order), "-o", SQUEUE_FORMAT])
         if res is None or (res.returncode != 0 and not is_purged(res.stderr)):
             if res is not None:
-                self.last_error = _last_line(res.stderr) or f"squeue exited {res.returncode}"
+                self.last_error = last_line(res.stderr) or f"squeue exited {res.returncode}"
             log.warning("slurm: squeue failed, keeping the last known states: %s", self.last_error)
             return False
         self.last_error = None
@@ -514,7 +515,7 @@ class SlurmExecutor:
                 return True, rows[jid]
         loc = conf.get("JobCompLoc", "")
         if conf.get("JobCompType") == "jobcomp/filetxt" and loc.startswith("/"):
-            return True, parse_jobcomp(_tail(Path(loc), JOBCOMP_TAIL_BYTES)).get(jid)
+            return True, parse_jobcomp(tail(Path(loc), JOBCOMP_TAIL_BYTES)).get(jid)
         return True, None
 
     def _slurm_config(self) -> dict[str, str]:
@@ -541,7 +542,7 @@ class SlurmExecutor:
         except CommandFailed as e:  # timed out
             raise ExecutorError(f"{what} failed: {e}") from e
         if res.returncode != 0 and not (ok_if_purged and is_purged(res.stderr)):
-            raise ExecutorError(f"{what} failed: {_last_line(res.stderr) or f'exit {res.returncode}'}")
+            raise ExecutorError(f"{what} failed: {last_line(res.stderr) or f'exit {res.returncode}'}")
         return res.stdout
 
 
@@ -558,22 +559,3 @@ def parse_show_config(text: str) -> dict[str, str]:
 def _job_id(handle: Mapping[str, Any]) -> str | None:
     jid = handle.get("slurm_job_id")
     return str(jid) if jid is not None and str(jid).isdigit() else None
-
-
-def _tail(path: Path, max_bytes: int) -> str:
-    """The whole lines among the last ``max_bytes`` of ``path`` ('' if unreadable)."""
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, 2)
-            f.seek(max(0, size - max_bytes))
-            data = f.read()
-    except OSError:
-        return ""
-    if size > max_bytes:
-        data = data.partition(b"\n")[2]
-    return data.decode("utf-8", "replace")
-
-
-def _last_line(text: str) -> str:
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1].strip() if lines else ""

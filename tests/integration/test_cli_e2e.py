@@ -313,3 +313,19 @@ def test_a_submit_that_queues_nothing_leaves_no_daemon(gs_home: Path, project: P
     assert "left as they are: 1 succeeded" in r.stdout
     assert run_cli("daemon", "status", cwd=project).returncode == 3
     retry_until(lambda: not proc.carrying("GPUSCHED_HOME", str(gs_home)), timeout=10)
+
+
+def test_a_daemon_that_dies_as_it_starts_is_reported_at_once_with_its_last_words(gs_home: Path) -> None:
+    """Not after the 15 s start timeout: the moment it has exited with no daemon running, with
+    the line it left in daemon.log."""
+    import time
+
+    from gpusched import daemon
+    from gpusched.errors import DaemonError
+
+    t0 = time.monotonic()
+    with pytest.raises(DaemonError) as e:
+        daemon.Starting(Home(gs_home), probe="bogus:1").go(timeout_s=60)
+    assert time.monotonic() - t0 < 30
+    assert "exited with code 2 as it started (gpusched: GPU probe 'bogus:1' is not known" in str(e.value)
+    assert daemon.info(Home(gs_home)) is None
