@@ -259,7 +259,8 @@ def _seeds(seeds: list[int], policies: list[str], prior: int = 0, from_history: 
             ratios[name].append(r.makespan_s / r.lower_bound_s)
             print(
                 f"seed {seed} {name}{which}: {hours(r.makespan_s)}, {ratios[name][-1]:.3f} x the lower bound,"
-                f" {r.oom_count} OOMs, {r.learned_colocated_ooms} co-located after learning",
+                f" {r.oom_count} OOMs, {r.learned_colocated_ooms} co-located after learning,"
+                f" {r.arrival_ooms} from an outsider's arrival",
                 flush=True,
             )
     for name, rs in ratios.items():

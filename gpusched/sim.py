@@ -330,6 +330,9 @@ class OomEvent(Struct, frozen=True, kw_only=True):
     gpu: int
     colocated: bool  # other processes held memory on the card
     learned: bool  # a job of its task had already finished at this tier (its peak was known)
+    # an outside process that started after the job did took the memory the job grew into:
+    # the card had room for it without that arrival, which no placement could see coming
+    arrival: bool = False
     prediction_source: str | None  # of the attempt that died
     lost_s: float
 
@@ -364,7 +367,15 @@ class SimResult(Struct, frozen=True, kw_only=True):
 
     @property
     def learned_colocated_ooms(self) -> int:
-        return sum(1 for o in self.ooms if o.colocated and o.learned)
+        """Co-located OOMs of a job whose peak was known, that placement could have avoided:
+        not those an outside process's later arrival caused (:attr:`arrival_ooms`)."""
+        return sum(1 for o in self.ooms if o.colocated and o.learned and not o.arrival)
+
+    @property
+    def arrival_ooms(self) -> int:
+        """OOMs of our jobs that an outside process arriving on their card after they started
+        caused (the card had room for them without it)."""
+        return sum(1 for o in self.ooms if o.arrival)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -384,6 +395,7 @@ class SimResult(Struct, frozen=True, kw_only=True):
             "ooms": self.oom_count,
             "colocated_ooms": self.colocated_ooms,
             "learned_colocated_ooms": self.learned_colocated_ooms,
+            "arrival_ooms": self.arrival_ooms,
             "gpu_hours_lost": round(self.gpu_hours_lost, 2),
             "mem_util": round(self.mem_util, 3),
             "tiers": dict(self.tiers),
@@ -745,6 +757,11 @@ class Simulation(Struct, dict=True):  # dict: a run's state, set up by run()
         held = run.used_mib
         free = max(0, total - held - sum(m for _, m in others))
         tried = max(2, run.usage(self.now) - held)
+        late = sum(
+            o.mib
+            for o in self._active_outsiders()
+            if o.gpu == run.gpu and self.start_s + o.start_s > run.start_s
+        )
         self.ex.finish(
             run.token,
             exit_code=1,
@@ -761,6 +778,7 @@ class Simulation(Struct, dict=True):  # dict: a run's state, set up by run()
                 gpu=run.gpu,
                 colocated=bool(others),
                 learned=(self._task(run), run.tier) in self.learned,
+                arrival=late > 0 and self._card_used(run.gpu) - late <= total,
                 prediction_source=run.source,
                 lost_s=self.now - run.start_s,
             )
@@ -885,6 +903,7 @@ def format_table(results: Sequence[SimResult]) -> str:
         "÷ lower bound",
         "OOM crashes",
         "co-located OOMs after learning",
+        "OOMs an outsider's arrival caused",
         "GPU-h lost",
         "mean memory use",
     )
@@ -895,6 +914,7 @@ def format_table(results: Sequence[SimResult]) -> str:
             f"{r.makespan_s / r.lower_bound_s:.2f}" if r.lower_bound_s else "?",
             str(r.oom_count),
             str(r.learned_colocated_ooms),
+            str(r.arrival_ooms),
             f"{r.gpu_hours_lost:.1f}",
             f"{r.mem_util:.0%}",
         )

@@ -182,6 +182,56 @@ def test_it_never_deadlocks_on_jobs_that_fit_nowhere_and_cards_taken_by_outsider
     assert (r.succeeded, r.failed) == (1, 1)  # the one that fits no card at any tier failed at its last tier
 
 
+@pytest.mark.parametrize(
+    ("arrives_s", "policy", "arrival"), [(120.0, "gpusched", True), (0.0, "slots", False)]
+)
+def test_an_oom_that_an_outsider_s_later_arrival_caused_is_not_counted_as_placement_s(
+    arrives_s: float, policy: str, arrival: bool
+) -> None:
+    """Someone's 16 GiB process arriving on the card while our 10 GiB job grows kills the job:
+    no placement could have seen it coming, so it is not a co-located OOM after learning. The
+    same process there before the job started (and a policy blind to it) is placement's."""
+    job = sim.TraceJob(name="0-t", task="t", tiers=sim.ladder_profiles(10 * GIB, 1800, 300))
+    late = sim.Outsider(gpu=0, mib=16 * GIB, start_s=arrives_s, end_s=7200)
+    r = sim.simulate(sim.Trace(jobs=(job,), outsiders=(late,), noise=0.0), PLAN, CARDS, policy=policy, seed=1)
+    assert r.finished and r.succeeded == 1
+    assert [(o.gpu, o.colocated, o.arrival) for o in r.ooms] == [(0, True, arrival)]
+    assert r.arrival_ooms == int(arrival) and r.as_dict()["arrival_ooms"] == int(arrival)
+
+
+def test_co_located_ooms_after_learning_leave_out_those_an_arrival_caused() -> None:
+    def oom(arrival: bool) -> sim.OomEvent:
+        return sim.OomEvent(
+            at_s=60.0,
+            job_id="s/0-t",
+            tier="A",
+            gpu=0,
+            colocated=True,
+            learned=True,
+            arrival=arrival,
+            prediction_source="task",
+            lost_s=60.0,
+        )
+
+    r = sim.SimResult(
+        policy="gpusched",
+        label="gpusched",
+        jobs=2,
+        gpus=1,
+        slots=2,
+        makespan_s=1.0,
+        lower_bound_s=1.0,
+        succeeded=2,
+        failed=0,
+        attempts=4,
+        ooms=(oom(True), oom(False)),
+        gpu_hours_lost=0.0,
+        mem_util=0.5,
+        tiers={},
+    )
+    assert (r.colocated_ooms, r.learned_colocated_ooms, r.arrival_ooms) == (2, 1, 1)
+
+
 def test_lower_bound_takes_each_job_at_its_fastest_fitting_tier() -> None:
     job = sim.TraceJob(
         name="j",
