@@ -397,9 +397,10 @@ def choose_holds(
     """Card index -> job id: cards that take no new job but that one.
 
     ``waiting`` holds the queued jobs (in placement order) with how long each has waited.
-    A job that has waited ``hold_after_s`` or more because of memory gets the card it fits
-    on when empty (its ``room_mib``) that holds the fewest of our jobs, of those it would not
-    take more than a slot's share of when there are any (:func:`_alone`). A current hold is
+    A job that has waited ``hold_after_s`` or more because of memory gets a card it fits on
+    when empty (its ``room_mib``): one it would not take more than a slot's share of when there
+    are any (:func:`_alone`), then the one with the most room emptied, then the one that holds
+    the fewest of our jobs (:func:`_hold_target`). A current hold is
     kept while its job still waits and still fits that card; at most ``max_holds``. A job that
     one of its slower tiers (``fallback``) would let onto an emptied card gets none: starved, it
     takes that tier at its turn, and a card drained for its faster tier idles meanwhile."""
@@ -437,13 +438,27 @@ def _fits_empty(job: QueuedJob, gpu: int, room_mib: Mapping[int, int]) -> bool:
 
 
 def _hold_target(job: QueuedJob, views: Sequence[GpuSlotView], room_mib: Mapping[int, int]) -> int | None:
+    """The card to drain for ``job``: not one it would take alone where another fits; then the
+    most room emptied, so that what it leaves beside it takes another job (a 13 GiB job leaves
+    8.6 GiB on a 24 GiB card, 2.6 on one with someone's 6 GiB notebook, where the other slot
+    would idle for its whole run); then the fewest of our jobs to wait for. Ranked by our jobs
+    first, the notebook's card, whose second slot is the one most often empty, got the hold of
+    every job over a slot's share of every card. Most room first took 80 E1-like seeds (with
+    :func:`placement.guess_waits`) from 1.1189 to 1.1093 x the lower bound."""
     fits = [g for g in views if _fits_empty(job, g.index, room_mib) and g.index != job.avoid_gpu]
     if not fits:
         fits = [g for g in views if _fits_empty(job, g.index, room_mib)]
     if not fits:
         return None
     return min(
-        fits, key=lambda g: (_alone(job, g.index, room_mib), g.running, -(g.usable_mib or 0), g.index)
+        fits,
+        key=lambda g: (
+            _alone(job, g.index, room_mib),
+            -(room_mib.get(g.index) or 0),
+            g.running,
+            -(g.usable_mib or 0),
+            g.index,
+        ),
     ).index
 
 

@@ -48,7 +48,7 @@ the veto of the GPUs that got furthest through the checks above.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from msgspec import Struct
 from msgspec.structs import replace
@@ -221,6 +221,11 @@ def _second_pass(
     waited: dict[_Key, Wait] = {}
     for job, before in jobs:
         again = id(job) in spared
+        if again and guess_waits(job, views.values(), headroom_frac):
+            again = False
+            before = replace(
+                before, reason=f"{before.reason}; {_guess_note(job, views.values(), headroom_frac)}"
+            )
         falls = () if job.pack_now else job.fallback[:1]
         if not falls and not again:
             waits.append((job, before))  # nothing new to try: its first-pass why stands
@@ -300,6 +305,29 @@ def alone_on(job: QueuedJob, gpu: GpuSlotView, headroom_frac: float) -> bool:
     if gpu.running or cap < 2 or usable is None or job.predicted_mib is None:
         return False
     return job.predicted_mib * cap > usable - headroom_mib(gpu, headroom_frac)
+
+
+def guess_waits(job: QueuedJob, views: Collection[GpuSlotView], headroom_frac: float) -> bool:
+    """True when ``job``, kept off an empty card it would take alone (:func:`alone_on`), does
+    not get it in the second pass yet: such a card is still empty, its peak is only the default guess (``guessed``: no job
+    of its task has left a peak or an OOM), some job runs, so a peak is being learned, and it
+    has not waited long (``pack_now``, after the scheduler's ``pack_after_s``). The guess is a
+    slot's share of the smallest card, so on a card with less room (someone's notebook) every
+    job of an unknown task would take it alone; the card waits for a job that is known to share
+    it instead. On the E1-like trace the notebook's card ran the night's first qqp (11 GiB)
+    alone for 1.3 h; its other slot now takes the small tasks once their peaks are known."""
+    return (
+        job.guessed
+        and not job.pack_now
+        and any(g.running for g in views)
+        and any(alone_on(job, g, headroom_frac) for g in views)
+    )
+
+
+def _guess_note(job: QueuedJob, views: Iterable[GpuSlotView], headroom_frac: float) -> str:
+    cards = [g.index for g in views if alone_on(job, g, headroom_frac)]
+    which = f"GPUs {_index_list(cards)} are" if len(cards) > 1 else f"GPU {_index_list(cards)} is"
+    return f"{which} left to jobs known to share them while its peak is a guess"
 
 
 def fill_last_slot(

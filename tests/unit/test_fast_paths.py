@@ -19,6 +19,7 @@ from gpusched.placement import (
     alone_on,
     assign,
     fallback_note,
+    guess_waits,
     job_order,
     memory_bound,
     occupy,
@@ -35,7 +36,8 @@ LADDERS = (
 def assign_one_by_one(queued: list[QueuedJob], gpus: list[GpuSlotView], headroom_frac: float) -> Decision:
     """placement.assign without the shortcut: every job checked against every card, in two
     passes (own tier, not on an empty card it would take alone, or a starved job's slower
-    tiers; then own tier on every card for a job kept off one, and one tier down)."""
+    tiers; then own tier on every card for a job kept off one unless its peak is a guess that
+    waits, and one tier down)."""
     views = {g.index: g for g in sorted(gpus, key=lambda g: g.index)}
     placements: list[Placement] = []
     first: list[tuple[QueuedJob, Wait]] = []
@@ -70,7 +72,18 @@ def assign_one_by_one(queued: list[QueuedJob], gpus: list[GpuSlotView], headroom
             first.append((job, outcome))
     waits = []
     for job, wait in first:
-        if job.job_id in spared:  # the second pass: its own tier on every card, then one down
+        if job.job_id in spared and guess_waits(job, views.values(), headroom_frac):
+            alone = [
+                g.index
+                for g in sorted(views.values(), key=lambda g: g.index)
+                if alone_on(job, g, headroom_frac)
+            ]
+            which = f"GPUs {','.join(map(str, alone))} are" if len(alone) > 1 else f"GPU {alone[0]} is"
+            wait = replace(
+                wait,
+                reason=f"{wait.reason}; {which} left to jobs known to share them while its peak is a guess",
+            )
+        elif job.job_id in spared:  # the second pass: its own tier on every card, then one down
             outcome = own(job, list(views.values()))
             if isinstance(outcome, Placement):
                 continue
@@ -113,6 +126,7 @@ def queues(draw: st.DrawFn) -> list[QueuedJob]:
                     for t in range(tier + 1, len(LADDERS[ladder]))
                 )[: draw(st.integers(0, 2))],
                 pack_now=draw(st.booleans()),
+                guessed=draw(st.booleans()),
             )
         )
     return jobs

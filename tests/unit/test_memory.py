@@ -368,6 +368,24 @@ def test_a_hold_goes_to_a_card_the_job_would_not_take_alone() -> None:
     assert holds([views[1]]) == {1: "big"}  # still held when it is the only card
 
 
+def test_a_job_over_every_card_s_share_is_kept_the_card_that_leaves_most_beside_it() -> None:
+    """A 13 GiB job takes more than a slot's share of every card. The card with someone's
+    notebook (16 GiB of room) runs one of our jobs, a full card (22 GiB) two: fewer to wait
+    for, but beside the job there it leaves 3 GiB, where nothing runs, and 9 on the other."""
+    views = [view(0, free=2, running=2), view(1, free=3, running=1)]
+    room = {0: 22 * GIB, 1: 16 * GIB}
+    holds = memory.choose_holds(
+        [(job(13, name="big"), 3600)],
+        views,
+        room,
+        current={},
+        hold_after_s=1800,
+        max_holds=1,
+        headroom_frac=0.1,
+    )
+    assert holds == {0: "big"}
+
+
 def test_a_job_memory_kept_waiting_long_gets_a_card_kept_free_and_nothing_else_lands_there() -> None:
     views = [view(0, free=10, running=1), view(1, free=2, running=1)]
     big, small = job(16, name="big"), job(4, name="small")

@@ -432,6 +432,28 @@ def test_a_job_over_an_empty_cards_share_leaves_it_to_a_job_that_shares_it() -> 
     assert not alone_on(replace(big, allowed={0: 1}), notebook, 0.10)  # a card for one job
 
 
+def test_a_job_of_a_guessed_peak_does_not_take_a_card_alone_while_a_peak_is_being_learned() -> None:
+    """The notebook's card again, and a job whose peak is only the default guess (11 GiB, over
+    that card's 7.8 GiB a slot): while another card runs a job it leaves the card empty for a job
+    known to share it, and says so; it takes the card once it has waited long (``pack_now``),
+    when nothing runs anywhere, or once its peak is learned (not ``guessed``)."""
+    notebook, busy = gpu(0, free=18, total=24), gpu(1, free=2, total=24, running=2)
+    guess = replace(job("guess", predicted=11 * GIB), guessed=True)
+    waits = assign([guess], [notebook, busy], headroom_frac=0.10)
+    assert not waits.placements
+    assert waits.waits[0].reason.endswith(
+        "GPU 0 is left to jobs known to share them while its peak is a guess"
+    )
+    for takes in (
+        replace(guess, pack_now=True),
+        replace(guess, guessed=False),
+    ):
+        placed = assign([takes], [notebook, busy], headroom_frac=0.10).placements
+        assert [(p.job_id, p.gpu) for p in placed] == [("guess", 0)]
+    idle = assign([guess], [notebook, gpu(1, free=2, total=24)], headroom_frac=0.10).placements
+    assert [(p.job_id, p.gpu) for p in idle] == [("guess", 0)]  # nothing runs: it is how learning starts
+
+
 def test_gpu_views_merges_plan_probe_and_occupancy() -> None:
     states = [
         GpuState(index=1, total_mib=24 * GIB, free_mib=20 * GIB, processes=(GpuProcess(pid=1, used_mib=1),)),
