@@ -443,8 +443,8 @@ def _hold_target(job: QueuedJob, views: Sequence[GpuSlotView], room_mib: Mapping
     8.6 GiB on a 24 GiB card, 2.6 on one with someone's 6 GiB notebook, where the other slot
     would idle for its whole run); then the fewest of our jobs to wait for. Ranked by our jobs
     first, the notebook's card, whose second slot is the one most often empty, got the hold of
-    every job over a slot's share of every card. Most room first took 80 E1-like seeds (with
-    :func:`placement.guess_waits`) from 1.1189 to 1.1093 x the lower bound."""
+    every job over a slot's share of every card. Most room first took 80 E1-like seeds from
+    1.1189 to 1.1136 x the lower bound, and to 1.1093 with :func:`placement.guess_waits`."""
     fits = [g for g in views if _fits_empty(job, g.index, room_mib) and g.index != job.avoid_gpu]
     if not fits:
         fits = [g for g in views if _fits_empty(job, g.index, room_mib)]

@@ -56,6 +56,9 @@ from msgspec.structs import replace
 from gpusched.model import MIB_PER_GIB, GpuState, Placement, Tier, Wait
 
 DEFAULT_HEADROOM_FRAC = 0.10
+#: how long an empty card is left to jobs known to share it before a job whose peak is a guess
+#: takes it alone (:func:`guess_waits`)
+GUESS_PATIENCE_S = 600.0
 
 
 class QueuedJob(Struct, frozen=True, kw_only=True):
@@ -98,6 +101,7 @@ class GpuSlotView(Struct, frozen=True, kw_only=True):
     held_for: str | None = (
         None  # kept free for this waiting job (it needs the memory when the card's jobs end)
     )
+    empty_s: float | None = None  # how long no job has run on it; None: not tracked (as just emptied)
 
     @property
     def usable_mib(self) -> int | None:
@@ -309,23 +313,31 @@ def alone_on(job: QueuedJob, gpu: GpuSlotView, headroom_frac: float) -> bool:
 
 def guess_waits(job: QueuedJob, views: Collection[GpuSlotView], headroom_frac: float) -> bool:
     """True when ``job``, kept off an empty card it would take alone (:func:`alone_on`), does
-    not get it in the second pass yet: such a card is still empty, its peak is only the default guess (``guessed``: no job
-    of its task has left a peak or an OOM), some job runs, so a peak is being learned, and it
-    has not waited long (``pack_now``, after the scheduler's ``pack_after_s``). The guess is a
-    slot's share of the smallest card, so on a card with less room (someone's notebook) every
-    job of an unknown task would take it alone; the card waits for a job that is known to share
-    it instead. On the E1-like trace the notebook's card ran the night's first qqp (11 GiB)
-    alone for 1.3 h; its other slot now takes the small tasks once their peaks are known."""
+    not get it in the second pass yet: such a card has been empty for less than
+    :data:`GUESS_PATIENCE_S`, the job's peak is only the default guess (``guessed``: no job of
+    its task has left a peak or an OOM), some job runs, so a peak is being learned, and it has
+    not waited long (``pack_now``). The guess is a slot's share of the smallest card, so on a
+    card with less room (someone's notebook) every job of an unknown task would take it alone;
+    the card waits a while for a job known to share it instead. On the E1-like trace the
+    notebook's card ran the night's second qqp (11 GiB) alone from 0 h for 1.3 h, nothing
+    fitting in the 4.6 GiB beside it; with :func:`memory.choose_holds` ranking cards by room,
+    80 seeds went from 1.1136 to 1.1093 x the lower bound (docs/placement-rounds.md, "Stop
+    29"), the same with or without the patience: the cards it kept empty took a job that
+    shares them within 10 min."""
     return (
         job.guessed
         and not job.pack_now
         and any(g.running for g in views)
-        and any(alone_on(job, g, headroom_frac) for g in views)
+        and any(_left_to_share(job, g, headroom_frac) for g in views)
     )
 
 
+def _left_to_share(job: QueuedJob, gpu: GpuSlotView, headroom_frac: float) -> bool:
+    return alone_on(job, gpu, headroom_frac) and (gpu.empty_s or 0.0) < GUESS_PATIENCE_S
+
+
 def _guess_note(job: QueuedJob, views: Iterable[GpuSlotView], headroom_frac: float) -> str:
-    cards = [g.index for g in views if alone_on(job, g, headroom_frac)]
+    cards = [g.index for g in views if _left_to_share(job, g, headroom_frac)]
     which = f"GPUs {_index_list(cards)} are" if len(cards) > 1 else f"GPU {_index_list(cards)} is"
     return f"{which} left to jobs known to share them while its peak is a guess"
 

@@ -127,6 +127,7 @@ class Scheduler:
         self._paused: tuple[float, str] | None = None  # (until, why): launches pause after a machine failure
         self._machine_failures = 0  # launch failures for want of a machine resource, in a row
         self._launch_flag = store.flag(disk.LAUNCH_WAIT_FLAG)  # as last written, to write only changes
+        self._empty_since: dict[int, float] = {}  # card -> when it was last seen with no job on it
         self.history = memwatch.History(store)  # the runs' peaks and run times, kept between ticks
         self.memory = memwatch.MemoryWatch(
             store,
@@ -597,6 +598,7 @@ class Scheduler:
         reserved = self.memory.reserved(live, att, now)
         known = {g.index: g for g in gpus}
         indices = set(known) | {g for s in self._active_suites() for g in s.gpu_plan.gpus}
+        self._empty_since = {i: self._empty_since.get(i, now) for i in indices if not running[i]}
         return {
             i: placement.GpuSlotView(
                 index=i,
@@ -605,6 +607,7 @@ class Scheduler:
                 free_mib=known[i].free_mib if i in known else None,
                 total_mib=known[i].total_mib if i in known else None,
                 reserved_mib=reserved[i],
+                empty_s=now - self._empty_since[i] if i in self._empty_since else 0.0,
             )
             for i in sorted(indices)
         }

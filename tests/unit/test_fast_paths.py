@@ -13,6 +13,7 @@ from msgspec.structs import replace
 from gpusched import codec
 from gpusched.model import Placement, Tier, Wait
 from gpusched.placement import (
+    GUESS_PATIENCE_S,
     Decision,
     GpuSlotView,
     QueuedJob,
@@ -76,7 +77,7 @@ def assign_one_by_one(queued: list[QueuedJob], gpus: list[GpuSlotView], headroom
             alone = [
                 g.index
                 for g in sorted(views.values(), key=lambda g: g.index)
-                if alone_on(job, g, headroom_frac)
+                if alone_on(job, g, headroom_frac) and (g.empty_s or 0.0) < GUESS_PATIENCE_S
             ]
             which = f"GPUs {','.join(map(str, alone))} are" if len(alone) > 1 else f"GPU {alone[0]} is"
             wait = replace(
@@ -147,6 +148,9 @@ def cards(draw: st.DrawFn) -> list[GpuSlotView]:
                 total_mib=total,
                 reserved_mib=draw(st.integers(0, 4 * GIB)),
                 held_for=draw(st.none() | st.sampled_from(["j0", "j3", "j7"])),
+                empty_s=draw(st.none() | st.sampled_from([0.0, 2 * GUESS_PATIENCE_S]))
+                if running == 0
+                else 0.0,
             )
         )
     return views

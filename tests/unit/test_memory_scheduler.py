@@ -228,6 +228,24 @@ def test_a_job_whose_peak_is_only_a_guess_is_measured_beside_an_outsider_not_kep
     assert job is not None and job.state == "queued" and "needs" in (job.wait_reason or "")
 
 
+def test_a_card_a_guessed_job_would_take_alone_waits_ten_minutes_for_a_job_that_shares_it(
+    tmp_path: Path,
+) -> None:
+    """Someone's 6 GiB notebook on GPU 1 leaves 15.6 GiB under headroom, under two guesses of a
+    slot's share: the first jobs of an unknown task fill GPU 0, the third waits with its reason
+    while a peak is being learned, and takes GPU 1 alone once it has stood empty for 10 min."""
+    box = Box(tmp_path, GpuPlan(gpus=(0, 1), slots=(2, 2)))
+    box.procs = {1: [GpuProcess(pid=7, used_mib=6 * GIB)]}
+    box.submit(make_suite(tmp_path, 3))
+    assert sorted(box.tick().launched) == [("E1/0-qnli", 0, "A"), ("E1/1-qnli", 0, "A")]
+    assert box.tick(dt=300).launched == []
+    job = box.store.job("E1/2-qnli")
+    assert job is not None and (job.wait_reason or "").endswith(
+        "GPU 1 is left to jobs known to share them while its peak is a guess"
+    )
+    assert box.tick(dt=301).launched == [("E1/2-qnli", 1, "A")]
+
+
 def test_one_measuring_run_per_task_an_oom_there_is_not_followed_down_the_ladder(tmp_path: Path) -> None:
     box = Box(tmp_path, GpuPlan(gpus=(0,), slots=(4,)), cards="1x140GiB")
     box.procs = {0: [GpuProcess(pid=7, used_mib=105 * GIB)]}

@@ -12,6 +12,7 @@ from msgspec.structs import replace
 
 from gpusched.model import GpuProcess, GpuState, Placement, Tier
 from gpusched.placement import (
+    GUESS_PATIENCE_S,
     Decision,
     GpuSlotView,
     QueuedJob,
@@ -436,7 +437,8 @@ def test_a_job_of_a_guessed_peak_does_not_take_a_card_alone_while_a_peak_is_bein
     """The notebook's card again, and a job whose peak is only the default guess (11 GiB, over
     that card's 7.8 GiB a slot): while another card runs a job it leaves the card empty for a job
     known to share it, and says so; it takes the card once it has waited long (``pack_now``),
-    when nothing runs anywhere, or once its peak is learned (not ``guessed``)."""
+    when nothing runs anywhere, once its peak is learned (not ``guessed``), or once the card has
+    been empty for ``GUESS_PATIENCE_S``."""
     notebook, busy = gpu(0, free=18, total=24), gpu(1, free=2, total=24, running=2)
     guess = replace(job("guess", predicted=11 * GIB), guessed=True)
     waits = assign([guess], [notebook, busy], headroom_frac=0.10)
@@ -452,6 +454,9 @@ def test_a_job_of_a_guessed_peak_does_not_take_a_card_alone_while_a_peak_is_bein
         assert [(p.job_id, p.gpu) for p in placed] == [("guess", 0)]
     idle = assign([guess], [notebook, gpu(1, free=2, total=24)], headroom_frac=0.10).placements
     assert [(p.job_id, p.gpu) for p in idle] == [("guess", 0)]  # nothing runs: it is how learning starts
+    waited = replace(notebook, empty_s=GUESS_PATIENCE_S)  # empty for 10 min: no sharer came
+    late = assign([guess], [waited, busy], headroom_frac=0.10).placements
+    assert [(p.job_id, p.gpu) for p in late] == [("guess", 0)]
 
 
 def test_gpu_views_merges_plan_probe_and_occupancy() -> None:
