@@ -51,7 +51,9 @@ Columns: makespan; makespan / lower bound (the largest of total GPU work / slots
 job's fastest fitting tier, total memory-time / total memory and the longest job, see
 ``sim.lower_bound_s``);
 OOM crashes (all, and co-location OOMs "after learning": of a job whose task had already
-finished at that tier, so its peak was known);
+finished at that tier, so its peak was known, other than those an outsider's arrival caused;
+and those: the card had room for the job without the outside processes that arrived after it
+started);
 GPU-hours lost to crashed attempts; mean memory utilisation over the makespan.
 """
 

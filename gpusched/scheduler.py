@@ -127,7 +127,7 @@ class Scheduler:
         self._paused: tuple[float, str] | None = None  # (until, why): launches pause after a machine failure
         self._machine_failures = 0  # launch failures for want of a machine resource, in a row
         self._launch_flag = store.flag(disk.LAUNCH_WAIT_FLAG)  # as last written, to write only changes
-        self._empty_since: dict[int, float] = {}  # card -> when it was last seen with no job on it
+        self._empty_since: dict[int, float] = {}  # card -> since when none of our jobs has run on it
         self.history = memwatch.History(store)  # the runs' peaks and run times, kept between ticks
         self.memory = memwatch.MemoryWatch(
             store,
