@@ -226,11 +226,10 @@ def _second_pass(
     waited: dict[_Key, Wait] = {}
     for job, before in jobs:
         again = id(job) in spared
-        if again and guess_waits(job, views.values(), headroom_frac):
+        left = guess_waits(job, views.values(), headroom_frac) if again else []
+        if left:
             again = False
-            before = replace(
-                before, reason=f"{before.reason}; {_guess_note(job, views.values(), headroom_frac)}"
-            )
+            before = replace(before, reason=f"{before.reason}; {_guess_note(left)}")
         falls = () if job.pack_now else job.fallback[:1]
         if not falls and not again:
             waits.append((job, before))  # nothing new to try: its first-pass why stands
@@ -312,33 +311,28 @@ def alone_on(job: QueuedJob, gpu: GpuSlotView, headroom_frac: float) -> bool:
     return job.predicted_mib * cap > usable - headroom_mib(gpu, headroom_frac)
 
 
-def guess_waits(job: QueuedJob, views: Collection[GpuSlotView], headroom_frac: float) -> bool:
-    """True when ``job``, kept off an empty card it would take alone (:func:`alone_on`), does
-    not get it in the second pass yet: such a card has been empty for less than
-    :data:`GUESS_PATIENCE_S`, the job's peak is only the default guess (``guessed``: no job of
-    its task has left a peak or an OOM), some job runs, so a peak is being learned, and it has
-    not waited long (``pack_now``). The guess is a slot's share of the smallest card, so on a
-    card with less room (someone's notebook) every job of an unknown task would take it alone;
-    the card waits a while for a job known to share it instead. On the E1-like trace the
+def guess_waits(job: QueuedJob, views: Collection[GpuSlotView], headroom_frac: float) -> list[int]:
+    """The empty cards that ``job``, kept off them as it would take them alone
+    (:func:`alone_on`), does not get in the second pass yet (none: it does not wait): each has
+    been empty for less than :data:`GUESS_PATIENCE_S`, the job's peak is only the default
+    guess (``guessed``: no job of its task has left a peak or an OOM), some job runs, so a
+    peak is being learned, and it has not waited long (``pack_now``). The guess is a slot's
+    share of the smallest card, so on a card with less room (someone's notebook) every job of
+    an unknown task would take it alone; the card waits a while for a job known to share it
+    instead. On the E1-like trace the
     notebook's card ran the night's second qqp (11 GiB) alone from 0 h for 1.3 h, nothing
     fitting in the 4.6 GiB beside it; with :func:`memory.choose_holds` ranking cards by room,
     80 seeds went from 1.1136 to 1.1093 x the lower bound (docs/placement-rounds.md, "Stop
     29"), the same with or without the patience: the cards it kept empty took a job that
     shares them within 10 min."""
-    return (
-        job.guessed
-        and not job.pack_now
-        and any(g.running for g in views)
-        and any(_left_to_share(job, g, headroom_frac) for g in views)
-    )
+    if not job.guessed or job.pack_now or not any(g.running for g in views):
+        return []
+    return [
+        g.index for g in views if alone_on(job, g, headroom_frac) and (g.empty_s or 0.0) < GUESS_PATIENCE_S
+    ]
 
 
-def _left_to_share(job: QueuedJob, gpu: GpuSlotView, headroom_frac: float) -> bool:
-    return alone_on(job, gpu, headroom_frac) and (gpu.empty_s or 0.0) < GUESS_PATIENCE_S
-
-
-def _guess_note(job: QueuedJob, views: Iterable[GpuSlotView], headroom_frac: float) -> str:
-    cards = [g.index for g in views if _left_to_share(job, g, headroom_frac)]
+def _guess_note(cards: Sequence[int]) -> str:
     which = f"GPUs {_index_list(cards)} are" if len(cards) > 1 else f"GPU {_index_list(cards)} is"
     return f"{which} left to jobs known to share them while its peak is a guess"
 
