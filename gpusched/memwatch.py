@@ -25,7 +25,7 @@ from msgspec.structs import replace
 
 from gpusched import memory, placement, predict
 from gpusched.logs import logger
-from gpusched.model import GpuState, Outcome, Tier
+from gpusched.model import GpuProcess, GpuState, Outcome, Tier
 from gpusched.store import AttemptRow, JobRow, Store, SuiteRow
 
 log = logger(__name__)  # logging is imported on first use (status logs nothing)
@@ -214,6 +214,7 @@ def _rows(store: Store, where: str, keys: Sequence[object], tasks: Sequence[str]
             " a.ended_at FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE +a.state = 'exited'"
             f" AND {where.format(','.join('?' * len(chunk)))}"
             " AND (a.peak_mib IS NOT NULL OR a.outcome = 'oom')"
+            " AND a.id NOT IN (SELECT attempt_id FROM arrivals)"  # someone else's crash, not its need
         )
         if tasks:
             sql += f" AND j.task IN ({','.join('?' * len(tasks))})"
@@ -560,6 +561,7 @@ class _Seen(Struct, kw_only=True):
     peak_mib: int
     grew_at: float | None
     settled_mib: int | None  # what it held when it first stopped growing, past any pause (stored too)
+    others: frozenset[int] = frozenset()  # other people's processes on its card when first seen
 
 
 def ending_tree(a: AttemptRow, pids: frozenset[int]) -> memory.Tree:
@@ -616,12 +618,14 @@ class MemoryWatch:
         for a in live:
             usage = att.usage.get(a.id)
             if usage is not None:
-                self._note(a, usage, now)
+                self._note(a, usage, now, gpus, att)
         for gone in set(self.seen) - live_ids:
             del self.seen[gone]
         return att
 
-    def _note(self, a: AttemptRow, u: memory.Usage, now: float) -> None:
+    def _note(
+        self, a: AttemptRow, u: memory.Usage, now: float, gpus: Sequence[GpuState], att: memory.Attribution
+    ) -> None:
         s = self.seen.get(a.id)
         if s is None:  # first seen (by this daemon: a restarted one reads what was settled)
             s = _Seen(
@@ -630,6 +634,8 @@ class MemoryWatch:
                 peak_mib=a.peak_mib or 0,
                 grew_at=None,
                 settled_mib=self.store.settled(a.id),
+                others=frozenset(p.pid for g in gpus if g.index == a.gpu for p in g.processes)
+                - {pid for card, pid in att.owners if card == a.gpu},
             )
         if u.pids_on_gpu:
             if new := u.pids_on_gpu - s.pids:
@@ -684,6 +690,21 @@ class MemoryWatch:
             still = any((tree.gpu, pid) in listed for pid in tree.pids)
             if not still or now - ended_at >= self.release_s:
                 del self.releasing[aid]
+
+    def arrivals(
+        self, a: AttemptRow, processes: Iterable[GpuProcess], live: Sequence[AttemptRow]
+    ) -> tuple[GpuProcess, ...]:
+        """Of ``processes`` on ``a``'s card, those that are someone else's and were not there
+        when this daemon first saw ``a`` run: what came onto the card while it ran. Call
+        before :meth:`ended`. Empty when ``a`` was never seen (a restarted daemon counts what
+        it found at its start as there before)."""
+        s = self.seen.get(a.id)
+        if s is None:
+            return ()
+        ours = {pid for pids in self.trees(live).values() for pid in pids}
+        ours.update(pid for seen in self.seen.values() for pid in seen.pids)  # a job that died with it
+        ours.update(pid for tree, _ in self.releasing.values() for pid in tree.pids)
+        return tuple(p for p in processes if p.pid not in ours and p.pid not in s.others)
 
     def ended(
         self, a: AttemptRow, result: Outcome, now: float, *, reported_peak_mib: int | None = None

@@ -42,6 +42,7 @@ __all__ = [
     "Signature",
     "classify",
     "next_step",
+    "oom_processes",
 ]
 
 #: An OOM counts as *contention* when processes other than the job's own hold at least this
@@ -331,7 +332,9 @@ _SIZE = r"(\d+(?:\.\d+)?) (bytes|KiB|MiB|GiB|TiB)"
 _TO_GIB = {"bytes": 1 / 1024**3, "KiB": 1 / 1024**2, "MiB": 1 / 1024, "GiB": 1.0, "TiB": 1024.0}
 _TRIED = re.compile(r"Tried to allocate (\d+(?:\.\d+)? [KMGT]?i?B)")
 _CAPACITY = re.compile(rf"total capacity of {_SIZE} of which {_SIZE} is free")
-_PROCESS = re.compile(rf"Process \d+ has {_SIZE} memory in use")
+_PROCESS = re.compile(rf"Process (?:\d+) has {_SIZE} memory in use")
+_PROCESS_PID = re.compile(rf"Process (\d+) has {_SIZE} memory in use")
+_CUDA_OOM = "CUDA out of memory"
 _THIS_PROCESS = re.compile(rf"this process has {_SIZE} memory in use")
 _RESERVED = re.compile(
     rf"Of the allocated memory {_SIZE} is allocated by PyTorch,.*? and {_SIZE} is reserved by PyTorch"
@@ -374,6 +377,18 @@ def _card_memory(message: str) -> tuple[float, float] | None:
     if this is None or sum(procs) + own > total * 1.02:
         procs.remove(min(procs, key=lambda size: abs(size - own)))
     return sum(procs), total
+
+
+def oom_processes(log_tail: str) -> dict[int, int]:
+    """pid -> MiB of the processes that the last CUDA OOM message in ``log_tail`` lists as on
+    the card when it ran out ("Process N has X GiB memory in use", PyTorch 2.x); {} when it
+    lists none. The pids are the driver's, as NVML gives them."""
+    at = log_tail.rfind(_CUDA_OOM)
+    if at < 0:
+        return {}
+    return {
+        int(m.group(1)): int(_gib_of(m.groups()[1:])[0] * 1024) for m in _PROCESS_PID.finditer(log_tail, at)
+    }
 
 
 def _card_memory_other_formats(message: str) -> tuple[float, float] | None:
@@ -487,6 +502,7 @@ def next_step(
     now: float,
     max_lost: int = 3,
     faults_so_far: int = 0,
+    arrival: str | None = None,
 ) -> Step:
     """What to do with the job whose attempt at ``tiers[tier]`` (on ``gpu``) ended as ``c``.
 
@@ -494,10 +510,16 @@ def next_step(
     ``ERROR`` / ``LOST``, not this one. Callers may rely on:
 
     * a ``REQUEUE`` step's tier indexes ``tiers``; it is ``tier + 1`` or later for ``OOM``
-      and ``HOST_OOM``, ``tier`` itself for ``ERROR`` and ``LOST``; every other step keeps
-      ``tier``; OOM never moves a job to a less conservative tier;
+      (``tier`` itself after an ``arrival``) and ``HOST_OOM``, ``tier`` itself for ``ERROR``
+      and ``LOST``; every other step keeps ``tier``; OOM never moves a job to a less
+      conservative tier;
     * ``OK`` -> ``DONE``; ``CANCELLED`` -> ``CANCEL``;
     * ``OOM`` -> the next tier, or ``FAIL`` at the last; with ``contention``, ``avoid_gpu=gpu``;
+      with ``arrival`` (someone else's processes came onto the card while it ran and took
+      more than placement's headroom: what they were, for the reason), ``tier`` itself with
+      ``avoid_gpu=gpu``, even at the last tier: the job did not outgrow its tier, the card
+      was taken from under it (the caller passes it once per tier, so a job that also
+      outgrows its tier still steps down);
     * ``HOST_OOM`` -> the first later tier that lowers ``num_data_workers`` (a tier without
       the key keeps the value before it; when no tier up to this one sets it, the first later
       tier that does counts as lowering it), else the next tier, or ``FAIL`` at the last;
@@ -520,6 +542,10 @@ def next_step(
         reason = f"{c.reason}; cannot requeue: tier {tier} is not one of the suite's {len(tiers)} tiers"
         return Step(kind=StepKind.FAIL, tier=tier, reason=_clip(reason, _REASON_MAX))
     match c.outcome:
+        case Outcome.OOM if arrival is not None and gpu is not None:
+            here = tiers[tier].name
+            reason = f"OOM at tier {here} after {arrival} came onto GPU {gpu} → requeued at {here} elsewhere"
+            return Step(kind=StepKind.REQUEUE, tier=tier, reason=_clip(reason, _REASON_MAX), avoid_gpu=gpu)
         case Outcome.OOM:
             return _after_oom(c, tier, tiers, gpu)
         case Outcome.HOST_OOM:

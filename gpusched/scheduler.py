@@ -26,9 +26,11 @@ from gpusched.executors import Executor, Handle, LaunchRequest, launch_many
 from gpusched.gpus import Probe
 from gpusched.model import (
     GPU_LOST_WHY,
+    MIB_PER_GIB,
     AttemptState,
     Classification,
     ExitRecord,
+    GpuProcess,
     GpuState,
     Outcome,
     Placement,
@@ -51,6 +53,13 @@ def _our_card(a: AttemptRow) -> int | None:
     """The card ``a`` runs on, when gpusched owns it: on Slurm the cluster owns its cards
     (their faults, their loss)."""
     return None if a.backend == "slurm" else a.gpu
+
+
+def _newcomers(came: Sequence[GpuProcess]) -> str:
+    """Processes that came onto a card, for an OOM's reason."""
+    pids = ", ".join(str(p.pid) for p in came)
+    mib = sum(p.used_mib or 0 for p in came)
+    return f"someone else's process{'es' * (len(came) > 1)} (pid {pids}, {mib / MIB_PER_GIB:.1f} GiB)"
 
 
 def lost_stop(gpu: int) -> str:
@@ -266,7 +275,10 @@ class Scheduler:
             how = "stopped" if stop and stop[0] == lost_stop(card) else result.reason
             why = f"its GPU {card} was lost while it ran ({how})"
             result = Classification(outcome=Outcome.GPU_FAULT, reason=why, line=result.line)
-        step = self._next_step(job, a, result, now)
+        came = self._arrivals(a, tail, now) if result.outcome is Outcome.OOM else ()
+        step = self._next_step(job, a, result, now, _newcomers(came) if came else None)
+        if came:
+            self.store.add_arrival(a.id, [p.pid for p in came], sum(p.used_mib or 0 for p in came))
         self.store.finish_attempt(a.id, exit=exit_rec, result=result, step=step, now=now)
         if card is not None:
             self._count_fault(a, result, now)
@@ -290,7 +302,32 @@ class Scheduler:
                     f"(last: {a.job_id}: {why}); `gpusched gpus --enable {a.gpu}` once it is fixed"
                 )
 
-    def _next_step(self, job: JobRow, a: AttemptRow, result: Classification, now: float) -> Step:
+    def _arrivals(self, a: AttemptRow, log_tail: str, now: float) -> tuple[GpuProcess, ...]:
+        """Someone else's processes that came onto ``a``'s card while it ran, when together
+        they hold more than the headroom placement keeps (the job's own tier fit without
+        them), for its OOM; none when an earlier attempt of the job at this tier also ran out
+        of memory (then it steps down after all). The card's processes are the OOM message's
+        (a newcomer whose own allocation then failed is gone by now) and the probe's."""
+        card = next((g for g in self._gpus(now) if g.index == a.gpu), None)
+        if card is None or card.total_mib is None:
+            return ()
+        listed = {p.pid: p.used_mib or 0 for p in card.processes}
+        for pid, mib in outcome.oom_processes(log_tail).items():
+            listed[pid] = max(mib, listed.get(pid, 0))
+        on_card = [GpuProcess(pid=pid, used_mib=mib) for pid, mib in listed.items()]
+        came = self.memory.arrivals(a, on_card, self.store.live_attempts())
+        if sum(p.used_mib or 0 for p in came) <= self.settings.headroom_frac * card.total_mib:
+            return ()
+        if any(
+            b.id != a.id and b.tier == a.tier and b.outcome == Outcome.OOM
+            for b in self.store.attempts(a.job_id)
+        ):
+            return ()
+        return came
+
+    def _next_step(
+        self, job: JobRow, a: AttemptRow, result: Classification, now: float, arrival: str | None = None
+    ) -> Step:
         suite = self._suite(job.suite)
         tiers = suite.suite.tiers if suite else ()
         faults = (
@@ -307,6 +344,7 @@ class Scheduler:
             now=now,
             max_lost=self.settings.max_lost,
             faults_so_far=faults,
+            arrival=arrival,
         )
 
     # ------------------------------------------------------------------ stop: cancels and limits

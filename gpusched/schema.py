@@ -92,6 +92,14 @@ CREATE TABLE IF NOT EXISTS settles (
     attempt_id INTEGER PRIMARY KEY REFERENCES attempts(id),
     mib INTEGER NOT NULL
 );
+-- attempts that ran out of memory after someone else's processes came onto their card while
+-- they ran and took more than placement's headroom: such an OOM says nothing of what the job
+-- needs, so memwatch's history leaves it out, and the job ran again at the same tier
+CREATE TABLE IF NOT EXISTS arrivals (
+    attempt_id INTEGER PRIMARY KEY REFERENCES attempts(id),
+    mib INTEGER NOT NULL,          -- what the newcomers held
+    pids TEXT NOT NULL             -- json list of their pids
+);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     at REAL NOT NULL,

@@ -540,6 +540,14 @@ class Store:
                 "INSERT OR REPLACE INTO settles (attempt_id, mib) VALUES (?, ?)", (attempt_id, mib)
             )
 
+    def add_arrival(self, attempt_id: int, pids: Collection[int], mib: int) -> None:
+        """Record that ``attempt_id`` ran out of memory after someone else's processes ``pids``
+        (``mib`` in all) came onto its card: the memory history leaves it out."""
+        self.db.execute(
+            "INSERT OR REPLACE INTO arrivals (attempt_id, mib, pids) VALUES (?, ?, ?)",
+            (attempt_id, mib, json.dumps(sorted(pids))),
+        )
+
     def settled(self, attempt_id: int) -> int | None:
         row = self.db.execute("SELECT mib FROM settles WHERE attempt_id = ?", (attempt_id,)).fetchone()
         return None if row is None else int(row[0])

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gpusched import memwatch
 from gpusched.executors.fake import FakeExecutor
 from gpusched.gpus.fake import FakeProbe, FakeUsage
 from gpusched.memory import RELEASE_S, HostMemory
@@ -260,6 +261,78 @@ def test_one_measuring_run_per_task_an_oom_there_is_not_followed_down_the_ladder
     assert rep.launched == [] and box.tick().launched == [] and box.tick(dt=600).launched == []
     assert box.store.job("E1/0-qnli").state == "queued"  # type: ignore[union-attr]
     assert "needs" in (box.store.job("E1/1-qnli").wait_reason or "")  # type: ignore[union-attr]
+
+
+def oom_beside(held_gib: float, others: dict[int, float]) -> str:
+    """An OOM message that lists the card's other processes (pid -> GiB), as PyTorch's does."""
+    listed = "".join(f"Process {pid} has {gib:.2f} GiB memory in use. " for pid, gib in others.items())
+    return (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity"
+        f" of 24.00 GiB of which 20.00 MiB is free. {listed}Including non-PyTorch memory, this process has"
+        f" {held_gib:.2f} GiB memory in use.\n"
+    )
+
+
+@pytest.mark.parametrize("still_there", [True, False])
+def test_a_job_someone_elses_new_process_ran_out_of_memory_runs_again_at_its_tier_elsewhere(
+    tmp_path: Path, still_there: bool
+) -> None:
+    """A colleague starts a 12 GiB job on our card while ours runs there; ours dies of OOM. It
+    did not outgrow its tier, so it runs again at it, on another card, and the crash teaches
+    the memory history nothing. The newcomer may be gone by the reap (its own allocation
+    failed too): the OOM message still names it. The X server there from the start is not
+    a newcomer."""
+    box = Box(tmp_path, GpuPlan(gpus=(0, 1), slots=(1, 1)))
+    box.procs = {0: [GpuProcess(pid=7, used_mib=300)], 1: [GpuProcess(pid=8, used_mib=400)]}
+    box.submit(make_suite(tmp_path, 1))
+    ((job_id, gpu, _),) = box.tick().launched
+    token = box.run_on(job_id, gpu, {101: 10})
+    box.tick()  # first seen: the X server was there before
+    if still_there:
+        box.procs[gpu].append(GpuProcess(pid=500, used_mib=12 * GIB))
+    box.ex.finish(token, exit_code=1, output=oom_beside(10, {500: 12, 7 + gpu: 0.3}))
+    box.procs[gpu] = [p for p in box.procs[gpu] if p.pid != 101]
+    rep = box.tick()
+    assert rep.reaped == [(job_id, "oom")]
+    assert rep.launched == [(job_id, 1 - gpu, "A")]  # its own tier (no OOM learned at A), elsewhere
+    said = f"OOM at tier A after someone else's process (pid 500, 12.0 GiB) came onto GPU {gpu}"
+    assert any(said in e for e in box.events)
+    peaks, _ = memwatch.records(box.store, ["qnli"])
+    assert peaks["qnli"] == []  # the crash is not a sample of its need
+    # crowded out again at the same tier: it may have outgrown it after all, so it steps down
+    token = box.run_on(job_id, 1 - gpu, {102: 10})
+    box.tick()
+    box.ex.finish(token, exit_code=1, output=oom_beside(10, {501: 14}))
+    box.procs[1 - gpu] = [p for p in box.procs[1 - gpu] if p.pid != 102]
+    assert box.tick().reaped == [(job_id, "oom")]
+    job = box.store.job(job_id)
+    assert (
+        job is not None
+        and job.tier == 1
+        and [s.outcome for s in memwatch.records(box.store, ["qnli"])[0]["qnli"]] == ["oom"]
+    )
+
+
+@pytest.mark.parametrize("both_die", [False, True])
+def test_an_oom_beside_our_own_job_steps_down_as_ever(tmp_path: Path, both_die: bool) -> None:
+    """What our own job took beside it is placement's to answer for, not someone else's
+    arrival: the job steps down, even when the other job was first listed after it started,
+    and when it died in the same moment (its processes gone, its pids only remembered)."""
+    box = Box(tmp_path, GpuPlan(gpus=(0,), slots=(2,)))
+    box.submit(make_suite(tmp_path, 2, task="mrpc"))
+    assert [j for j, _, _ in box.tick().launched] == ["E1/0-mrpc", "E1/1-mrpc"]
+    first = box.run_on("E1/0-mrpc", 0, {101: 6})
+    box.tick()
+    second = box.run_on("E1/1-mrpc", 0, {201: 12})
+    box.tick()
+    box.ex.finish(first, exit_code=1, output=oom_beside(6, {201: 12}))
+    if both_die:
+        box.ex.finish(second, exit_code=1, output=oom_beside(12, {101: 6}))
+        del box.trees[first], box.trees[second]
+    box.procs[0] = [p for p in box.procs[0] if p.pid != 101]
+    assert box.tick().reaped == [("E1/0-mrpc", "oom"), ("E1/1-mrpc", "oom")][: 1 + both_die]
+    job = box.store.job("E1/0-mrpc")
+    assert job is not None and job.tier == 1 and not any("someone else" in e for e in box.events)
 
 
 def test_launches_wait_while_host_ram_is_low(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from gpusched.model import (
     StepKind,
     Tier,
 )
-from gpusched.outcome import LOOK_ALIKES, SIGNATURES, LookAlike, Signature, classify, next_step
+from gpusched.outcome import LOOK_ALIKES, SIGNATURES, LookAlike, Signature, classify, next_step, oom_processes
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
 
@@ -462,6 +462,37 @@ def test_oom_with_contention_avoids_the_gpu() -> None:
     s = step(c_of(Outcome.OOM, "OOM: other processes hold 12.0 of 23.65 GiB on the card", True), gpu=5)
     assert (s.kind, s.tier, s.avoid_gpu) == (StepKind.REQUEUE, 1, 5)
     assert s.reason.startswith("OOM at tier A → requeued at tier B") and "GPU 5" in s.reason
+
+
+@pytest.mark.parametrize("tier", [0, 4])
+def test_an_oom_after_someone_elses_process_came_onto_the_card_keeps_the_tier_elsewhere(tier: int) -> None:
+    came = "someone else's process (pid 4242, 18.0 GiB)"
+    s = next_step(
+        c_of(Outcome.OOM, contention=True),
+        tier=tier,
+        tiers=LADDER,
+        gpu=3,
+        errors_so_far=0,
+        lost_so_far=0,
+        retry=RetryPolicy(),
+        now=0.0,
+        arrival=came,
+    )
+    name = LADDER[tier].name
+    assert (s.kind, s.tier, s.avoid_gpu) == (StepKind.REQUEUE, tier, 3)  # even at the last tier
+    assert s.reason == f"OOM at tier {name} after {came} came onto GPU 3 → requeued at {name} elsewhere"
+
+
+def test_the_processes_an_oom_message_lists_on_the_card() -> None:
+    tail = (
+        "Process 77 has 1.00 GiB memory in use.\n"  # an older message's: not this OOM's
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total"
+        " capacity of 24.00 GiB of which 20.00 MiB is free. Process 4242 has 18.00 GiB memory in use."
+        " Process 9 has 300.00 MiB memory in use. Including non-PyTorch memory, this process has 5.50 GiB"
+        " memory in use.\n"
+    )
+    assert oom_processes(tail) == {4242: 18 * 1024, 9: 300}
+    assert oom_processes("RuntimeError: boom\n") == {}
 
 
 def test_oom_at_the_last_tier_fails() -> None:

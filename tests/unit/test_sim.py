@@ -197,6 +197,8 @@ def test_an_oom_that_an_outsider_s_later_arrival_caused_is_not_counted_as_placem
     assert r.finished and r.succeeded == 1
     assert [(o.gpu, o.colocated, o.arrival) for o in r.ooms] == [(0, True, arrival)]
     assert r.arrival_ooms == int(arrival) and r.as_dict()["arrival_ooms"] == int(arrival)
+    # the scheduler sees the newcomer too: the job runs again at its own tier, not one down
+    assert [a.tier for a in r.report.attempts] == (["A", "A"] if arrival else ["A", "B"])
 
 
 def test_co_located_ooms_after_learning_leave_out_those_an_arrival_caused() -> None:
