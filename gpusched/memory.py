@@ -53,6 +53,12 @@ GROWTH_MIB = 256
 #: next one kept, and no such ratio is learned as how much jobs grow after settling.
 MAX_STEP_UP = 2.0
 
+#: Until one of its jobs has finished at a tier, a task's peak there is guessed from a running
+#: sibling that has settled: its plateau times the learned step-up, or times this where more (no
+#: job has finished yet, or the jobs so far grew less). The E1-like trace's jobs grow by 1.177
+#: after settling and differ by +-5 % from job to job: 1.3 covers both.
+PLATEAU_MARGIN = 1.3
+
 #: An ended attempt's processes still listed on its card count as ours (their memory is being
 #: released) until none is listed any more, or this long at most.
 RELEASE_S = 30.0
@@ -490,8 +496,8 @@ def unstick(
 ) -> Placement | None:
     """When nothing of ours runs and nothing was placed: the first job (in placement order)
     that memory keeps off every card runs anyway, on its roomiest card, with a reason that says
-    so. A job whose prediction is only the default guess (``guessed``: no attempt of its task
-    has left a peak or an OOM) and that others' memory keeps out starts at once at its own tier
+    so. A job whose prediction is only a guess and no attempt of whose task has left a peak or
+    an OOM (``guessed``, ``unmeasured``), and that others' memory keeps out, starts at once at its own tier
     where at least half the guess is left under headroom: run alone, it is measured, and its
     siblings are then placed by what it really took (a guess must not keep a queue waiting on
     someone's notebook for an hour). Any other stuck job runs at the last tier of its ladder:
@@ -506,7 +512,7 @@ def unstick(
         cards = [g for g in views if job.allowed.get(g.index, 0) > 0]
         best = min(cards, key=placement.rank_key)
         never = memory_bound(job, [_emptied(g) for g in views], headroom_frac)
-        measure = not never and job.guessed and _measurable(job, best, headroom_frac)
+        measure = not never and job.guessed and job.unmeasured and _measurable(job, best, headroom_frac)
         if not measure and not never and waited.get(job.job_id, 0.0) < patience_s:
             continue
         why = placement.wait_reason(  # only for the job that goes: a tick may skip many

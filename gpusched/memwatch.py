@@ -235,22 +235,33 @@ class Running(Struct, frozen=True):
 
     longest_s: dict[str, float]  # task -> how long its longest-running attempt has run so far
     peak_mib: dict[tuple[str, int], int]  # (task, tier) -> the most one of them holds so far
+    # (task, tier) -> of those that settled, the most one's plateau x the step-up (or its peak so
+    # far, where more): what the task's peak there is guessed at until one of its jobs finishes
+    plateau_mib: dict[tuple[str, int], int] = {}
 
 
-def running_for(store: Store, now: float) -> Running:
-    """:class:`Running` from one query over the live attempts (through their state's index)."""
+def running_for(store: Store, now: float, step_up: float | None = None) -> Running:
+    """:class:`Running` from one query over the live attempts (through their state's index).
+    ``step_up``: the learned ratio of peak to plateau (:meth:`MemoryWatch.step_up`); a plateau
+    is multiplied by it or by :data:`memory.PLATEAU_MARGIN`, whichever is more."""
+    margin = max(memory.PLATEAU_MARGIN, step_up or 0.0)
     longest: dict[str, float] = {}
     peaks: dict[tuple[str, int], int] = {}
+    plateaus: dict[tuple[str, int], int] = {}
     rows = store.db.execute(
-        "SELECT j.task, a.tier, COALESCE(a.started_at, a.launched_at), a.peak_mib FROM attempts a"
-        " JOIN jobs j ON j.id = a.job_id WHERE a.state IN ('launching', 'running')"
+        "SELECT j.task, a.tier, COALESCE(a.started_at, a.launched_at), a.peak_mib, s.mib FROM attempts a"
+        " JOIN jobs j ON j.id = a.job_id LEFT JOIN settles s ON s.attempt_id = a.id"
+        " WHERE a.state IN ('launching', 'running')"
     )
-    for task, tier, since, peak in rows:
+    for task, tier, since, peak, settled in rows:
         if since is not None:
             longest[task] = max(longest.get(task, 0.0), now - since)
         if peak:
             peaks[(task, tier)] = max(peaks.get((task, tier), 0), peak)
-    return Running(longest, peaks)
+            if settled:
+                guess = max(int(settled * margin), peak)
+                plateaus[(task, tier)] = max(plateaus.get((task, tier), 0), guess)
+    return Running(longest, peaks, plateaus)
 
 
 def demands(
@@ -265,11 +276,13 @@ def demands(
     fit_share: bool = True,
     now: float | None = None,
     history: History | None = None,
+    step_up: float | None = None,
 ) -> dict[str, Demand]:
     """job id -> :class:`Demand` for every job whose suite is known. Jobs of one task without
     history of their own share one prediction (a 10k-job queue costs one per task). ``now``:
     also let running attempts bound the run time of tasks none of whose jobs has finished.
-    ``history``: where the daemon keeps the runs' history (else it is read whole)."""
+    ``history``: where the daemon keeps the runs' history (else it is read whole).
+    ``step_up``: the learned ratio of peak to plateau (see :func:`running_for`)."""
     rows = {s: suite_of(s) for s in {j.suite for j in jobs}}
     suites = {name: row for name, row in rows.items() if row is not None and row.suite.tiers}
     tasks = {name: suite_tasks(store, row) for name, row in suites.items()}
@@ -277,7 +290,7 @@ def demands(
     history = history or History(store)  # status, a what-if: one read of the whole history
     stats = history.read(set(wanted))
     ok, floor = history.maxima(set(wanted))
-    running = running_for(store, now) if now is not None else Running({}, {})
+    running = running_for(store, now, step_up) if now is not None else Running({}, {})
     ladders = {  # tier -> (peak one tier up, ratio) per task, by suite
         name: memory.ladder_from(_only(ok, tasks[name]), _only(floor, tasks[name]), len(row.suite.tiers))
         for name, row in suites.items()
@@ -316,7 +329,7 @@ def demands(
                 ladders[job.suite],
                 floor,
                 headroom_frac,
-                running.peak_mib,
+                running,
             )
         own = min(job.tier, len(suite.suite.tiers) - 1)
         if (*key, own) not in starts:  # the same predictions from the same tier start alike
@@ -424,12 +437,17 @@ def _predictions(
     ladder: Mapping[int, Sequence[tuple[int, float]]],
     floor: memory.Maxima,
     headroom_frac: float,
-    running_mib: Mapping[tuple[str, int], int],
+    running: Running,
 ) -> tuple[predict.Prediction, ...]:
     fallback, best = default_mib(suite, gpus, headroom_frac), _best_room(suite, room_mib)
     preds = [
         history.peak(
-            job.id, t, default_mib=fallback, usable_mib=best, running_mib=running_mib.get((job.task, t))
+            job.id,
+            t,
+            default_mib=fallback,
+            usable_mib=best,
+            running_mib=running.peak_mib.get((job.task, t)),
+            plateau_mib=running.plateau_mib.get((job.task, t)),
         )
         for t in range(len(suite.suite.tiers))
     ]
@@ -482,7 +500,9 @@ def _demand(
         tiers=suite.suite.tiers,
         allowed=cards.allowed,
         predicted_mib=start.predicted_mib,
-        guessed=unmeasured and preds[start.tier].source == "default",
+        guessed=preds[start.tier].source == "default",
+        unmeasured=unmeasured,
+        guessed_below=frozenset(t for t, _ in fallback if preds[t].source == "default"),
         avoid_gpu=job.avoid_gpu,
         predicted_s=duration.seconds,
         fallback=fallback,

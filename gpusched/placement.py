@@ -85,9 +85,15 @@ class QueuedJob(Struct, frozen=True, kw_only=True):
     # its peak there exceeds a slot's share of a card: it takes one where it fills a card's last
     # slot (see :func:`fill_last_slot`)
     faster: tuple[tuple[int, int | None], ...] = ()
-    # ``predicted_mib`` is only the default (a slot's share of a card) and no attempt of its task
-    # has left a peak or an OOM yet: it may start alone to be measured (memory.unstick)
+    # ``predicted_mib`` is only a guess (a slot's share of a card, or a running sibling's plateau):
+    # no job of its task has ended at its tier. It leaves an empty card it would take alone to
+    # jobs known to share it for a while (:func:`guess_waits`)
     guessed: bool = False
+    # no attempt of its task has left a peak or an OOM yet: a guessed job may start alone to be
+    # measured (memory.unstick); once one has, a guess at another tier is not worth such a run
+    unmeasured: bool = False
+    # the ``fallback`` tiers whose predicted peak is only a guess, as ``guessed`` says of its own
+    guessed_below: frozenset[int] = frozenset()
 
 
 class GpuSlotView(Struct, frozen=True, kw_only=True):
@@ -229,12 +235,12 @@ def _second_pass(
         left = guess_waits(job, views.values(), headroom_frac) if again else []
         if left:
             again = False
-            before = replace(before, reason=f"{before.reason}; {_guess_note(left)}")
+            before = _noted(before, left, "while its peak is a guess")
         falls = () if job.pack_now else job.fallback[:1]
         if not falls and not again:
             waits.append((job, before))  # nothing new to try: its first-pass why stands
             continue
-        key = (keys[id(job)], falls, again)
+        key = (keys[id(job)], falls, again, job.guessed_below)
         if key in waited:
             waits.append((job, Wait(job_id=job.job_id, reason=waited[key].reason) if again else before))
             continue
@@ -244,7 +250,10 @@ def _second_pass(
         if again:
             outcome, placed = _own_tier(job, cards, headroom_frac, share=False)
         if not isinstance(outcome, Placement):
-            outcome, placed = _slower_tier(job, cards, headroom_frac, falls) or (outcome, job)
+            kept: list[int] = []
+            outcome, placed = _slower_tier(job, cards, headroom_frac, falls, kept) or (outcome, job)
+            if kept and not isinstance(outcome, Placement):
+                outcome = _noted(outcome, kept, "while its peak at a slower tier is a guess")
         if isinstance(outcome, Placement):
             _occupy(outcome, placed, views, placements)
             waited.clear()
@@ -282,15 +291,23 @@ def _slower_tier(
     views: Sequence[GpuSlotView],
     headroom_frac: float,
     falls: Sequence[tuple[int, int | None]],
+    kept: list[int] | None = None,
 ) -> tuple[Placement, QueuedJob] | None:
     """``job`` at the first of ``falls`` (slower tiers, with their predicted peaks) that fits a
     card now, when memory keeps it off every card at its own tier; the job as placed. ``None``
-    when it does not fall back."""
+    when it does not fall back. With ``kept`` (the second pass), not on an empty card it would
+    take alone at a tier where its peak is a guess, while that card waits for jobs known to
+    share it (:func:`guess_waits`); the cards so kept from it are added to ``kept``."""
     if not falls or not memory_bound(job, views, headroom_frac):
         return None
     for tier, predicted in falls:
-        lower = replace(job, tier=tier, predicted_mib=predicted, fallback=(), pack_now=False)
-        fell = place_one(lower, views, headroom_frac)
+        guessed = tier in job.guessed_below
+        lower = replace(job, tier=tier, predicted_mib=predicted, fallback=(), pack_now=False, guessed=guessed)
+        cards = views
+        if kept is not None and (left := guess_waits(lower, views, headroom_frac)):
+            kept.extend(i for i in left if i not in kept)
+            cards = [g for g in views if g.index not in left]
+        fell = place_one(lower, cards, headroom_frac)
         if isinstance(fell, Placement):
             return replace(fell, reason=f"{fallback_note(job, lower)}; {fell.reason}"), lower
     return None
@@ -314,17 +331,20 @@ def alone_on(job: QueuedJob, gpu: GpuSlotView, headroom_frac: float) -> bool:
 def guess_waits(job: QueuedJob, views: Collection[GpuSlotView], headroom_frac: float) -> list[int]:
     """The empty cards that ``job``, kept off them as it would take them alone
     (:func:`alone_on`), does not get in the second pass yet (none: it does not wait): each has
-    been empty for less than :data:`GUESS_PATIENCE_S`, the job's peak is only the default
-    guess (``guessed``: no job of its task has left a peak or an OOM), some job runs, so a
-    peak is being learned, and it has not waited long (``pack_now``). The guess is a slot's
-    share of the smallest card, so on a card with less room (someone's notebook) every job of
-    an unknown task would take it alone; the card waits a while for a job known to share it
-    instead. On the E1-like trace the
-    notebook's card ran the night's second qqp (11 GiB) alone from 0 h for 1.3 h, nothing
-    fitting in the 4.6 GiB beside it; with :func:`memory.choose_holds` ranking cards by room,
-    80 seeds went from 1.1136 to 1.1093 x the lower bound (docs/placement-rounds.md, "Stop
-    29"), the same with or without the patience: the cards it kept empty took a job that
-    shares them within 10 min."""
+    been empty for less than :data:`GUESS_PATIENCE_S`, the job's peak is only a guess
+    (``guessed``: no job of its task has ended at its tier; the second pass asks the same of a
+    slower tier it would fall back to), some job runs, so a peak is being learned, and it has
+    not waited long (``pack_now``). The guess is a slot's share of the smallest card (or, once
+    a sibling has settled, its plateau x 1.3), so on a card with less room (someone's notebook)
+    every job of an unknown task would take it alone; the card waits a while for a job known
+    to share it instead: minutes into a night the small tasks' plateaus say that two of them
+    fit. On the E1-like trace the notebook's card ran the night's second qqp (11 GiB) alone
+    from 0 h for 1.3 h, nothing fitting in the 4.6 GiB beside it; with
+    :func:`memory.choose_holds` ranking cards by room, 80 seeds went from 1.1136 to 1.1093 x
+    the lower bound (docs/placement-rounds.md, "Stop 29"). Then it ran the first boolq at B
+    (14.8 GiB; a guess after its OOM at A) alone for 0.85 h, from 3 min into every night; with
+    the slower tiers asked too and the plateau guess, two colas share it from then: 80 seeds
+    1.1088 -> 1.0977 (docs/placement-rounds.md, "Stop 30")."""
     if not job.guessed or job.pack_now or not any(g.running for g in views):
         return []
     return [
@@ -332,9 +352,10 @@ def guess_waits(job: QueuedJob, views: Collection[GpuSlotView], headroom_frac: f
     ]
 
 
-def _guess_note(cards: Sequence[int]) -> str:
+def _noted(wait: Wait, cards: Sequence[int], why: str) -> Wait:
+    """``wait`` with the empty ``cards`` it is kept off (:func:`guess_waits`) and ``why``."""
     which = f"GPUs {_index_list(cards)} are" if len(cards) > 1 else f"GPU {_index_list(cards)} is"
-    return f"{which} left to jobs known to share them while its peak is a guess"
+    return replace(wait, reason=f"{wait.reason}; {which} left to jobs known to share them {why}")
 
 
 def fill_last_slot(

@@ -18,6 +18,10 @@ Sources, first that has data wins (``Prediction.source`` names it; ``status`` sh
 4. ``"default"``: ``default_mib`` (the caller's card size / plan slots), or ``running_mib``
    when a sibling that is running at this tier, none of whose kind has finished there yet,
    already holds more (its peak is at least that; a launch beside it on a share would OOM).
+   Once such a sibling has settled, ``plateau_mib`` instead (the caller's guess from its
+   plateau, :data:`memory.PLATEAU_MARGIN`), above or below the share: a small task's siblings
+   then share a card minutes into a night, where the share's guess kept two of them apart
+   until one finished. Still a guess (``"default"``): it holds room as one does.
 5. ``"unknown"``: ``mib=None``; placement then checks slots and tier minimums only.
 
 Peaks recorded at the moment of this job's own OOMs at this tier are lower bounds of its
@@ -62,9 +66,11 @@ def predict_peak(
     default_mib: int | None,
     usable_mib: int | None = None,
     running_mib: int | None = None,
+    plateau_mib: int | None = None,
 ) -> Prediction:
     """Predicted peak of ``job_id`` (of ``task``) at ``tier``; see the module docstring.
-    ``running_mib``: the most a sibling running at this tier holds so far (raises a default)."""
+    ``running_mib``: the most a sibling running at this tier holds so far (raises a default);
+    ``plateau_mib``: the guess from a running sibling's plateau (replaces the default)."""
     at_tier = [s for s in history if s.tier == tier and s.task == task]
     mine = [s for s in at_tier if s.job_id == job_id]
     siblings = [s for s in at_tier if s.job_id != job_id]
@@ -76,6 +82,13 @@ def predict_peak(
     for source, samples in (("job", mine), ("task", siblings)):
         if _count(samples, Outcome.OOM):
             return _after_oom(samples, source, usable_mib, default_mib)
+    return _default(default_mib, running_mib, plateau_mib)
+
+
+def _default(default_mib: int | None, running_mib: int | None, plateau_mib: int | None) -> Prediction:
+    """Source 4 (or 5) of the module docstring: nothing of the task has ended at this tier."""
+    if plateau_mib is not None:
+        return Prediction(mib=max(plateau_mib, running_mib or 0), source="default")
     if default_mib is not None:
         return Prediction(mib=max(default_mib, running_mib or 0), source="default")
     return Prediction(mib=None, source="unknown")
@@ -253,6 +266,7 @@ class TaskHistory:
         default_mib: int | None,
         usable_mib: int | None = None,
         running_mib: int | None = None,
+        plateau_mib: int | None = None,
     ) -> Prediction:
         """:func:`predict_peak` of ``job_id`` at ``tier`` from this task's samples."""
         own_oom = self._own_oom.get((job_id, tier))
@@ -266,9 +280,7 @@ class TaskHistory:
             return own_oom.after("job", usable_mib, default_mib)
         if (oom := self._oom.get(tier)) is not None:  # none of them the job's: all its siblings'
             return oom.after("task", usable_mib, default_mib)
-        if default_mib is not None:
-            return Prediction(mib=max(default_mib, running_mib or 0), source="default")
-        return Prediction(mib=None, source="unknown")
+        return _default(default_mib, running_mib, plateau_mib)
 
     def duration(self, job_id: str, tier: int, *, running_s: float | None = None) -> Duration:
         """:func:`predict_duration` of ``job_id`` at ``tier`` from this task's runs."""

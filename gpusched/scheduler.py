@@ -455,6 +455,7 @@ class Scheduler:
             fit_share=self.settings.fit_share,
             now=now,
             history=self.history,
+            step_up=self.memory.step_up(),
         )
         base = self._views(live, gpus, att, now)
         out = self.store.gpus_out()

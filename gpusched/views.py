@@ -110,7 +110,7 @@ def status(
         predicted: list[status_rows.PredictedGroup] = []
         if predict and state in (None, "queued"):
             kinds, groups = status_rows.queued_kinds(store, suite=suite, limit=limit)
-            by_kind = queued_predictions(store, kinds, suites, gpus)
+            by_kind = queued_predictions(store, kinds, suites, gpus, now=now)
             predicted = [(*g[:4], *by_kind[g[4]]) for g in groups if g[4] in by_kind]
         rows += status_rows.job_entries(
             store,
@@ -282,19 +282,34 @@ def _process_doc(att: memory.Attribution, gpu: int, pid: int, used_mib: int | No
 
 
 def queued_predictions(
-    store: Store, stand_in: dict[str, str], suites: dict[str, SuiteRow], gpus: list[GpuState]
+    store: Store,
+    stand_in: dict[str, str],
+    suites: dict[str, SuiteRow],
+    gpus: list[GpuState],
+    *,
+    now: float | None = None,
 ) -> dict[str, ShownPrediction]:
     """The prediction (and start tier) the scheduler would place queued jobs with, by kind
     (:func:`status_rows.queued_kinds`, which names a job standing for each kind).
 
     A job that never ran has no history of its own, so all such jobs of one suite, task and
     tier get the same prediction (:func:`memwatch.demands` shares it too): one of them stands
-    for the rest, and a queue of 10k costs a few demands, not 10k."""
+    for the rest, and a queue of 10k costs a few demands, not 10k. ``now``: what running jobs
+    tell (their plateaus, what they hold, how long they have run) counts, as for the daemon."""
     if not stand_in:
         return {}
     jobs = [j for j in map(store.job, stand_in.values()) if j is not None]
     empty = memory.rooms(gpus, {}, DEFAULT_HEADROOM_FRAC)
-    demand = memwatch.demands(store, jobs, suites.get, gpus, empty, headroom_frac=DEFAULT_HEADROOM_FRAC)
+    demand = memwatch.demands(
+        store,
+        jobs,
+        suites.get,
+        gpus,
+        empty,
+        headroom_frac=DEFAULT_HEADROOM_FRAC,
+        now=now,
+        step_up=store.step_up(memory.MAX_STEP_UP) if now is not None else None,
+    )
     out: dict[str, ShownPrediction] = {}
     for kind, job_id in stand_in.items():
         dm = demand.get(job_id)

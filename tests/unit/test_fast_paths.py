@@ -20,7 +20,6 @@ from gpusched.placement import (
     alone_on,
     assign,
     fallback_note,
-    guess_waits,
     job_order,
     memory_bound,
     occupy,
@@ -43,12 +42,32 @@ def assign_one_by_one(queued: list[QueuedJob], gpus: list[GpuSlotView], headroom
     placements: list[Placement] = []
     first: list[tuple[QueuedJob, Wait]] = []
 
-    def attempt(job: QueuedJob, tiers: tuple[tuple[int, int | None], ...]) -> bool:
+    def empty_alone(job: QueuedJob) -> list[int]:
+        """The empty cards the second pass keeps ``job`` off for jobs that share them."""
+        if not any(g.running for g in views.values()):
+            return []
+        return [
+            g.index
+            for g in sorted(views.values(), key=lambda g: g.index)
+            if alone_on(job, g, headroom_frac) and (g.empty_s or 0.0) < GUESS_PATIENCE_S
+        ]
+
+    def note(wait: Wait, cards: list[int], why: str) -> Wait:
+        which = f"GPUs {','.join(map(str, cards))} are" if len(cards) > 1 else f"GPU {cards[0]} is"
+        return replace(wait, reason=f"{wait.reason}; {which} left to jobs known to share them {why}")
+
+    def attempt(
+        job: QueuedJob, tiers: tuple[tuple[int, int | None], ...], kept: list[int] | None = None
+    ) -> bool:
         if not tiers or not memory_bound(job, list(views.values()), headroom_frac):
             return False
         for tier, predicted in tiers:
             lower = replace(job, tier=tier, predicted_mib=predicted, fallback=(), pack_now=False)
-            fell = place_one(lower, list(views.values()), headroom_frac)
+            cards = list(views.values())
+            if kept is not None and tier in job.guessed_below and (left := empty_alone(lower)):
+                kept.extend(i for i in left if i not in kept)
+                cards = [g for g in cards if g.index not in left]
+            fell = place_one(lower, cards, headroom_frac)
             if isinstance(fell, Placement):
                 placements.append(replace(fell, reason=f"{fallback_note(job, lower)}; {fell.reason}"))
                 views[fell.gpu] = occupy(views[fell.gpu], lower)  # type: ignore[index]
@@ -73,24 +92,19 @@ def assign_one_by_one(queued: list[QueuedJob], gpus: list[GpuSlotView], headroom
             first.append((job, outcome))
     waits = []
     for job, wait in first:
-        if job.job_id in spared and guess_waits(job, views.values(), headroom_frac):
-            alone = [
-                g.index
-                for g in sorted(views.values(), key=lambda g: g.index)
-                if alone_on(job, g, headroom_frac) and (g.empty_s or 0.0) < GUESS_PATIENCE_S
-            ]
-            which = f"GPUs {','.join(map(str, alone))} are" if len(alone) > 1 else f"GPU {alone[0]} is"
-            wait = replace(
-                wait,
-                reason=f"{wait.reason}; {which} left to jobs known to share them while its peak is a guess",
-            )
+        if job.job_id in spared and job.guessed and not job.pack_now and empty_alone(job):
+            wait = note(wait, empty_alone(job), "while its peak is a guess")
         elif job.job_id in spared:  # the second pass: its own tier on every card, then one down
             outcome = own(job, list(views.values()))
             if isinstance(outcome, Placement):
                 continue
             wait = outcome
-        if job.pack_now or not attempt(job, job.fallback[:1]):
+        if job.pack_now:
             waits.append(wait)
+            continue
+        kept: list[int] = []
+        if not attempt(job, job.fallback[:1], kept):
+            waits.append(note(wait, kept, "while its peak at a slower tier is a guess") if kept else wait)
     return Decision(placements=tuple(placements), waits=tuple(waits))
 
 
@@ -128,6 +142,7 @@ def queues(draw: st.DrawFn) -> list[QueuedJob]:
                 )[: draw(st.integers(0, 2))],
                 pack_now=draw(st.booleans()),
                 guessed=draw(st.booleans()),
+                guessed_below=frozenset(draw(st.lists(st.integers(1, 2), max_size=2))),
             )
         )
     return jobs

@@ -481,7 +481,7 @@ def test_unstick_starts_a_job_whose_peak_is_only_a_guess_at_once_at_its_own_tier
     # found on a real H200: someone's process held 105 of 140 GiB, the default guess for a plan of
     # 4 was 31.3 GiB, the jobs needed 8: they waited for the hour the unstick patience gives
     views = [view(0, free=10, total=24), view(1, free=12, total=24)]  # 9.6 GiB left under headroom on 1
-    guess = replace(job(14, name="g"), guessed=True)
+    guess = replace(job(14, name="g"), guessed=True, unmeasured=True)
     placed = memory.unstick([guess], views, headroom_frac=0.1, waited={"g": 0}, patience_s=3600)
     assert placed is not None and (placed.gpu, placed.tier) == (1, 0)  # the roomiest card, tier A
     assert "only a guess" in placed.reason and "started alone at tier A to measure its peak" in placed.reason
@@ -491,7 +491,9 @@ def test_unstick_starts_a_job_whose_peak_is_only_a_guess_at_once_at_its_own_tier
     assert memory.unstick([guess], tight, headroom_frac=0.1, waited={"g": 0}, patience_s=3600) is None
     later = memory.unstick([guess], tight, headroom_frac=0.1, waited={"g": 3600}, patience_s=3600)
     assert later is not None and later.tier == 3  # then the last tier, after the patience, as before
-    huge = replace(job(30, name="h"), guessed=True)  # fits no card even empty: the last tier at once
+    huge = replace(
+        job(30, name="h"), guessed=True, unmeasured=True
+    )  # fits no card even empty: the last tier at once
     forced = memory.unstick([huge], views, headroom_frac=0.1)
     assert forced is not None and forced.tier == 3
 

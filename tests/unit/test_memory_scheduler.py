@@ -247,6 +247,27 @@ def test_a_card_a_guessed_job_would_take_alone_waits_ten_minutes_for_a_job_that_
     assert box.tick(dt=301).launched == [("E1/2-qnli", 1, "A")]
 
 
+def test_once_a_running_job_settles_its_siblings_are_guessed_from_its_plateau_and_share_a_card(
+    tmp_path: Path,
+) -> None:
+    """Minutes into a night, no job has finished, but the first two have settled at 5 GiB: their
+    queued siblings are guessed at 5 x 1.3 = 6.5 GiB instead of a slot's share (10.8), so two
+    of them share GPU 1, which someone's 6 GiB notebook leaves 15.6 GiB under headroom, where
+    a slot's share each had kept all but one of them off it until one finished."""
+    box = Box(tmp_path, GpuPlan(gpus=(0, 1), slots=(2, 2)))
+    box.procs = {1: [GpuProcess(pid=7, used_mib=6 * GIB)]}
+    box.submit(make_suite(tmp_path, 5, task="cola"))
+    assert sorted(box.tick().launched) == [("E1/0-cola", 0, "A"), ("E1/1-cola", 0, "A")]
+    box.run_on("E1/0-cola", 0, {101: 5})
+    box.run_on("E1/1-cola", 0, {102: 5})
+    assert box.tick().launched == []  # still ramping for all it knows: GPU 1 waits for a sharer
+    rep = box.tick(dt=box.sched.settings.ramp_s + 1)  # settled
+    assert sorted(rep.launched) == [("E1/2-cola", 1, "A"), ("E1/3-cola", 1, "A")]
+    assert [a.predicted_mib for a in (box.attempt("E1/2-cola"), box.attempt("E1/3-cola"))] == [6656, 6656]
+    waiting = {j["id"]: j for j in box.status()["jobs"]}["E1/4-cola"]  # status says what placement uses
+    assert (waiting["predicted_mib"], waiting["prediction_source"]) == (6656, "default")
+
+
 def test_one_measuring_run_per_task_an_oom_there_is_not_followed_down_the_ladder(tmp_path: Path) -> None:
     box = Box(tmp_path, GpuPlan(gpus=(0,), slots=(4,)), cards="1x140GiB")
     box.procs = {0: [GpuProcess(pid=7, used_mib=105 * GIB)]}

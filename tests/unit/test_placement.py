@@ -459,6 +459,35 @@ def test_a_job_of_a_guessed_peak_does_not_take_a_card_alone_while_a_peak_is_bein
     assert [(p.job_id, p.gpu) for p in late] == [("guess", 0)]
 
 
+def test_a_slower_tier_whose_peak_is_a_guess_does_not_take_a_card_alone_while_one_is_learned() -> None:
+    """A job that fits no card at its own tier (26 GiB) falls back one tier (a guessed 11 GiB)
+    in the second pass, but not onto the notebook's card, which it would take alone there,
+    while another card runs jobs: it waits, and says so. It takes the card once it has waited
+    long (``pack_now``: then at its turn in the first pass), when nothing runs anywhere, once
+    the card has been empty for ``GUESS_PATIENCE_S``, or when its peak there is learned."""
+    notebook, busy = gpu(0, free=18, total=24), gpu(1, free=2, total=24, running=2)
+    learned = replace(job("big", predicted=26 * GIB), fallback=((TIER_B, 11 * GIB),))
+    big = replace(learned, guessed_below=frozenset({TIER_B}))
+    waits = assign([big], [notebook, busy], headroom_frac=0.10)
+    assert not waits.placements
+    assert waits.waits[0].reason.endswith(
+        "GPU 0 is left to jobs known to share them while its peak at a slower tier is a guess"
+    )
+    idle = gpu(1, free=2, total=24)
+    waited = replace(notebook, empty_s=GUESS_PATIENCE_S)
+    for takes, cards in (
+        (replace(big, pack_now=True), [notebook, busy]),
+        (big, [notebook, idle]),
+        (big, [waited, busy]),
+        (learned, [notebook, busy]),
+    ):
+        placed = assign([takes], cards, headroom_frac=0.10).placements
+        assert [(p.job_id, p.gpu, p.tier) for p in placed] == [("big", 0, TIER_B)]
+    # a job the rules cannot otherwise tell from the waiting one is not kept waiting for its why
+    both = assign([big, replace(learned, job_id="known", seq=1)], [notebook, busy], headroom_frac=0.10)
+    assert [(p.job_id, p.gpu) for p in both.placements] == [("known", 0)]
+
+
 def test_gpu_views_merges_plan_probe_and_occupancy() -> None:
     states = [
         GpuState(index=1, total_mib=24 * GIB, free_mib=20 * GIB, processes=(GpuProcess(pid=1, used_mib=1),)),

@@ -168,6 +168,21 @@ def test_a_running_sibling_that_holds_more_than_the_default_raises_it() -> None:
     assert predict_peak(TASK, "E1/s87", 0, learned, default_mib=12000, running_mib=13500).mib == 8000
 
 
+def test_a_settled_siblings_plateau_stands_for_the_default_until_one_of_them_finishes() -> None:
+    """Below the share (a small task's siblings then share a card minutes into a night) and
+    above it; never below what the sibling holds; still a guess; a finished run beats it."""
+
+    def peak(history: list[PeakSample], running: int | None, plateau: int | None) -> Prediction:
+        return predict_peak(
+            TASK, "E1/s87", 0, history, default_mib=12000, running_mib=running, plateau_mib=plateau
+        )
+
+    assert peak([], 5000, 6500) == Prediction(mib=6500, source="default")
+    assert peak([], 15000, 19500) == Prediction(mib=19500, source="default")
+    assert peak([], 9000, 8000).mib == 9000
+    assert peak([sample("E1/s1", 8000)], 5000, 6500) == Prediction(mib=8000, source="task")
+
+
 # --------------------------------------------------------------------------- run time
 
 
@@ -250,12 +265,15 @@ def test_a_kept_task_history_predicts_what_a_pass_over_its_samples_does(samples,
         assert h.jobs == {s.job_id for s in samples}
         for job in ("j0", "j1", "j9"):
             for tier in range(5):
-                for default, usable, running in (
-                    (9000, 20_000, None),
-                    (None, None, None),
-                    (4000, None, 12_000),
+                for default, usable, running, plateau in (
+                    (9000, 20_000, None, None),
+                    (None, None, None, None),
+                    (4000, None, 12_000, None),
+                    (9000, 20_000, 5000, 6500),
+                    (None, None, 12_000, 10_000),
                 ):
                     kw = {"default_mib": default, "usable_mib": usable, "running_mib": running}
+                    kw["plateau_mib"] = plateau
                     assert h.peak(job, tier, **kw) == predict_peak(TASK, job, tier, samples, **kw)  # type: ignore[arg-type]
                 for running_s in (None, 30.0):
                     assert h.duration(job, tier, running_s=running_s) == predict_duration(
