@@ -433,6 +433,7 @@ def step(
     lost_so_far: int = 0,
     retry: RetryPolicy = RetryPolicy(),  # noqa: B008 (frozen, so sharing it is safe)
     max_lost: int = 3,
+    arrival: str | None = None,
 ) -> Step:
     return next_step(
         c,
@@ -444,6 +445,7 @@ def step(
         retry=retry,
         now=1000.0,
         max_lost=max_lost,
+        arrival=arrival,
     )
 
 
@@ -467,17 +469,7 @@ def test_oom_with_contention_avoids_the_gpu() -> None:
 @pytest.mark.parametrize("tier", [0, 4])
 def test_an_oom_after_someone_elses_process_came_onto_the_card_keeps_the_tier_elsewhere(tier: int) -> None:
     came = "someone else's process (pid 4242, 18.0 GiB)"
-    s = next_step(
-        c_of(Outcome.OOM, contention=True),
-        tier=tier,
-        tiers=LADDER,
-        gpu=3,
-        errors_so_far=0,
-        lost_so_far=0,
-        retry=RetryPolicy(),
-        now=0.0,
-        arrival=came,
-    )
+    s = step(c_of(Outcome.OOM, contention=True), tier=tier, gpu=3, arrival=came)
     name = LADDER[tier].name
     assert (s.kind, s.tier, s.avoid_gpu) == (StepKind.REQUEUE, tier, 3)  # even at the last tier
     assert s.reason == f"OOM at tier {name} after {came} came onto GPU 3 → requeued at {name} elsewhere"
