@@ -717,9 +717,11 @@ class MemoryWatch:
         """Of ``processes`` on ``a``'s card, those that are someone else's and were not there
         when this daemon first saw ``a`` run: what came onto the card while it ran. Call
         before :meth:`ended`. Empty when ``a`` was never seen (a restarted daemon counts what
-        it found at its start as there before)."""
+        it found at its start as there before), or never seen on its card by pid: from a
+        container's PID namespace the driver's pids are not ours, so nothing tells a card-mate
+        of ours from someone else's newcomer."""
         s = self.seen.get(a.id)
-        if s is None:
+        if s is None or not s.pids:
             return ()
         ours = {pid for pids in self.trees(live).values() for pid in pids}
         ours.update(pid for seen in self.seen.values() for pid in seen.pids)  # a job that died with it

@@ -334,6 +334,23 @@ def test_a_job_someone_elses_new_process_ran_out_of_memory_runs_again_at_its_tie
     )
 
 
+def test_a_daemon_that_cannot_see_its_jobs_pids_on_the_card_claims_no_arrival(tmp_path: Path) -> None:
+    """In a container's PID namespace the driver's pids are not the job's: every process on the
+    card looks like someone else's, a card-mate of ours started later too, so an OOM there
+    steps down as ever rather than being blamed on a newcomer."""
+    box = Box(tmp_path, GpuPlan(gpus=(0,), slots=(2,)))
+    box.submit(make_suite(tmp_path, 1, task="mrpc"))
+    assert box.tick().launched == [("E1/0-mrpc", 0, "A")]
+    token = box.run_on("E1/0-mrpc", 0, {})  # its tree holds only its wrapper, pid 99
+    box.procs[0] = [GpuProcess(pid=70001, used_mib=6 * GIB)]  # its process, by the driver's pid
+    box.tick()
+    box.procs[0].append(GpuProcess(pid=70002, used_mib=12 * GIB))
+    box.ex.finish(token, exit_code=1, output=oom_beside(6, {70002: 12}))
+    assert box.tick().reaped == [("E1/0-mrpc", "oom")]
+    job = box.store.job("E1/0-mrpc")
+    assert job is not None and job.tier == 1 and not any("someone else" in e for e in box.events)
+
+
 @pytest.mark.parametrize("both_die", [False, True])
 def test_an_oom_beside_our_own_job_steps_down_as_ever(tmp_path: Path, both_die: bool) -> None:
     """What our own job took beside it is placement's to answer for, not someone else's
