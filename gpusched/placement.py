@@ -40,7 +40,8 @@ last slot and fits beside what runs there (:func:`fill_last_slot`). The first pa
 job off an empty card of which it would take more than a slot's share (:func:`alone_on`:
 the card's other slots would idle beside it), leaving the card to a later job that leaves
 room; the second pass gives it the card when none did, unless its peak is only a guess and
-the card has stood empty for less than :data:`GUESS_PATIENCE_S` (:func:`guess_waits`).
+the card has stood empty for less than :data:`GUESS_PATIENCE_S` (:func:`guess_waits`); nor does
+the second pass give such a card to a slower tier whose peak is a guess.
 
 Every placement carries a reason; every job left waiting carries the binding constraint:
 the veto of the GPUs that got furthest through the checks above.
