@@ -332,8 +332,7 @@ _SIZE = r"(\d+(?:\.\d+)?) (bytes|KiB|MiB|GiB|TiB)"
 _TO_GIB = {"bytes": 1 / 1024**3, "KiB": 1 / 1024**2, "MiB": 1 / 1024, "GiB": 1.0, "TiB": 1024.0}
 _TRIED = re.compile(r"Tried to allocate (\d+(?:\.\d+)? [KMGT]?i?B)")
 _CAPACITY = re.compile(rf"total capacity of {_SIZE} of which {_SIZE} is free")
-_PROCESS = re.compile(rf"Process (?:\d+) has {_SIZE} memory in use")
-_PROCESS_PID = re.compile(rf"Process (\d+) has {_SIZE} memory in use")
+_PROCESS = re.compile(rf"Process (\d+) has {_SIZE} memory in use")  # pid, then its size
 _CUDA_OOM = "CUDA out of memory"
 _THIS_PROCESS = re.compile(rf"this process has {_SIZE} memory in use")
 _RESERVED = re.compile(
@@ -366,7 +365,7 @@ def _card_memory(message: str) -> tuple[float, float] | None:
     if cap is None:
         return _card_memory_other_formats(message)
     total, free = _gib_of(cap.groups())
-    procs = [_gib_of(m.groups())[0] for m in _PROCESS.finditer(message)]
+    procs = [_gib_of(m.groups()[1:])[0] for m in _PROCESS.finditer(message)]
     this = _THIS_PROCESS.search(message)
     reserved = _RESERVED.search(message)
     own = _gib_of(this.groups())[0] if this else (sum(_gib_of(reserved.groups())) if reserved else None)
@@ -386,9 +385,7 @@ def oom_processes(log_tail: str) -> dict[int, int]:
     at = log_tail.rfind(_CUDA_OOM)
     if at < 0:
         return {}
-    return {
-        int(m.group(1)): int(_gib_of(m.groups()[1:])[0] * 1024) for m in _PROCESS_PID.finditer(log_tail, at)
-    }
+    return {int(m.group(1)): int(_gib_of(m.groups()[1:])[0] * 1024) for m in _PROCESS.finditer(log_tail, at)}
 
 
 def _card_memory_other_formats(message: str) -> tuple[float, float] | None:

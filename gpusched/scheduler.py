@@ -55,11 +55,14 @@ def _our_card(a: AttemptRow) -> int | None:
     return None if a.backend == "slurm" else a.gpu
 
 
+def _held(processes: Sequence[GpuProcess]) -> int:
+    return sum(p.used_mib or 0 for p in processes)
+
+
 def _newcomers(came: Sequence[GpuProcess]) -> str:
     """Processes that came onto a card, for an OOM's reason."""
     pids = ", ".join(str(p.pid) for p in came)
-    mib = sum(p.used_mib or 0 for p in came)
-    return f"someone else's process{'es' * (len(came) > 1)} (pid {pids}, {mib / MIB_PER_GIB:.1f} GiB)"
+    return f"someone else's process{'es' * (len(came) > 1)} (pid {pids}, {_held(came) / MIB_PER_GIB:.1f} GiB)"
 
 
 def lost_stop(gpu: int) -> str:
@@ -278,7 +281,7 @@ class Scheduler:
         came = self._arrivals(a, tail, now) if result.outcome is Outcome.OOM else ()
         step = self._next_step(job, a, result, now, _newcomers(came) if came else None)
         if came:
-            self.store.add_arrival(a.id, [p.pid for p in came], sum(p.used_mib or 0 for p in came))
+            self.store.add_arrival(a.id, [p.pid for p in came], _held(came))
         self.store.finish_attempt(a.id, exit=exit_rec, result=result, step=step, now=now)
         if card is not None:
             self._count_fault(a, result, now)
@@ -316,7 +319,7 @@ class Scheduler:
             listed[pid] = max(mib, listed.get(pid, 0))
         on_card = [GpuProcess(pid=pid, used_mib=mib) for pid, mib in listed.items()]
         came = self.memory.arrivals(a, on_card, self.store.live_attempts())
-        if sum(p.used_mib or 0 for p in came) <= self.settings.headroom_frac * card.total_mib:
+        if _held(came) <= self.settings.headroom_frac * card.total_mib:
             return ()
         if any(
             b.id != a.id and b.tier == a.tier and b.outcome == Outcome.OOM

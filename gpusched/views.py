@@ -287,7 +287,7 @@ def queued_predictions(
     suites: dict[str, SuiteRow],
     gpus: list[GpuState],
     *,
-    now: float | None = None,
+    now: float,
 ) -> dict[str, ShownPrediction]:
     """The prediction (and start tier) the scheduler would place queued jobs with, by kind
     (:func:`status_rows.queued_kinds`, which names a job standing for each kind).
@@ -308,7 +308,7 @@ def queued_predictions(
         empty,
         headroom_frac=DEFAULT_HEADROOM_FRAC,
         now=now,
-        step_up=store.step_up(memory.MAX_STEP_UP) if now is not None else None,
+        step_up=store.step_up(memory.MAX_STEP_UP),
     )
     out: dict[str, ShownPrediction] = {}
     for kind, job_id in stand_in.items():
