@@ -499,18 +499,19 @@ def _entry_fields(text: str) -> list[str]:
     return list(dict.fromkeys(fields))  # a key given twice is shown once
 
 
-def _terminal() -> tuple[int, bool]:
-    """Columns to lay tables out in and whether to colour, as rich decides them: ``COLUMNS``,
-    else the terminal's width, else 80; colour on a terminal unless ``NO_COLOR`` or
-    ``TERM=dumb``, or always with ``FORCE_COLOR``."""
+def _terminal() -> tuple[int | None, bool]:
+    """Columns to lay tables out in and whether to colour: ``COLUMNS``, else the terminal's
+    width, else (output into a pipe or a file) None, the tables' own width, so that every row
+    stays one line for ``grep``; colour on a terminal unless ``NO_COLOR`` or ``TERM=dumb``, or
+    always with ``FORCE_COLOR``."""
     tty = sys.stdout.isatty()
     try:
-        width = int(os.environ.get("COLUMNS", ""))
+        width: int | None = int(os.environ.get("COLUMNS", ""))
     except ValueError:
         try:
-            width = os.get_terminal_size(sys.stdout.fileno()).columns if tty else 80
+            width = os.get_terminal_size(sys.stdout.fileno()).columns if tty else None
         except (OSError, ValueError):
             width = 80
     env = os.environ
     color = bool(env.get("FORCE_COLOR")) or (tty and not env.get("NO_COLOR") and env.get("TERM") != "dumb")
-    return max(width, 20), color
+    return None if width is None else max(width, 20), color

@@ -367,12 +367,18 @@ _SGR = {
 }
 
 
+#: The fewest columns the free-text column of a status table is folded to before a word of
+#: another column is cut.
+FOLDED_MIN = 6
+
+
 def format_status(
-    doc: dict[str, Any], *, width: int = 80, color: bool = False, max_jobs: int = MAX_TABLE_JOBS
+    doc: dict[str, Any], *, width: int | None = 80, color: bool = False, max_jobs: int = MAX_TABLE_JOBS
 ) -> str:
-    """The status as text for a terminal ``width`` columns wide: daemon line, GPU table, job
-    table, with ANSI colours when ``color``. Tables that do not fit shrink their widest
-    columns first and wrap their cells."""
+    """The status as text for a terminal ``width`` columns wide (None: as wide as the tables
+    are, one line a row): daemon line, GPU table, job table, with ANSI colours when ``color``.
+    Tables that do not fit shrink their widest columns first and wrap their cells; a job's id
+    is cut last, so that it can still be copied into ``attach`` or ``logs``."""
 
     def paint(text: str, style: str) -> str:
         if not color or not text or not style:
@@ -414,7 +420,7 @@ def format_status(
     total = sum(doc["counts"].values())
     shown = _pick_rows(doc["jobs"], max_jobs)
     heads = ["job", "state", "GPU", "tier", "attempt", "runtime", "memory GiB", "outcome / why / last line"]
-    out += _table(f"Jobs ({total})", heads, [_job_cells(j) for j in shown], width, paint)
+    out += _table(f"Jobs ({total})", heads, [_job_cells(j) for j in shown], width, paint, fold_last=0)
     if len(shown) < total:
         out.append(paint(f"... {_hidden(doc['counts'], shown)} (use --json or --suite)", "dim"))
     return "\n".join(out)
@@ -469,25 +475,22 @@ def _job_cells(j: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _table(
-    title: str, heads: Sequence[str], rows: list[list[tuple[str, str]]], width: int, paint: Any
+    title: str,
+    heads: Sequence[str],
+    rows: list[list[tuple[str, str]]],
+    width: int | None,
+    paint: Any,
+    *,
+    fold_last: int | None = None,
 ) -> list[str]:
-    """A titled table boxed as rich draws one (heavy head, light body), as lines."""
+    """A titled table boxed as rich draws one (heavy head, light body), as lines, at most
+    ``width`` columns wide (None: as wide as its cells)."""
     heads = [_clean(h) for h in heads]
     rows = [[(_clean(text), style) for text, style in row] for row in rows]
-    widths = [
-        max(_cell_len(t) for t in col) for col in zip(heads, *([t for t, _ in r] for r in rows), strict=True)
-    ]
-    room = max(len(widths), width - 3 * len(widths) - 1)  # each column has a border and a space each side
-    # the widest column gives way first, down to its longest word ("succeeded" is not cut in
-    # two while a long reason can wrap); only when that is not enough are words folded
-    words = [
-        max(max((_cell_len(w) for w in t.split()), default=0) for t in col)
-        for col in zip(heads, *([t for t, _ in r] for r in rows), strict=True)
-    ]
-    while sum(widths) > room and max(widths) > 1:
-        above = [i for i, w in enumerate(widths) if w > words[i]]
-        i = max(above, key=lambda k: widths[k]) if above else widths.index(max(widths))
-        widths[i] -= 1
+    columns = list(zip(heads, *([t for t, _ in r] for r in rows), strict=True))
+    widths = [max(_cell_len(t) for t in col) for col in columns]
+    if width is not None:
+        _shrink(widths, columns, width, fold_last)
 
     def line(cells: Sequence[tuple[str, str]], bar: str, *, bottom: bool = False) -> list[str]:
         """One row, as many lines as its tallest cell; cells at the top (``bottom``: at the bottom)."""
@@ -515,6 +518,27 @@ def _table(
         lines += line(row, "│")
     lines.append(rule("└", "─", "┴", "┘"))
     return lines
+
+
+def _shrink(widths: list[int], columns: list[tuple[str, ...]], width: int, fold_last: int | None) -> None:
+    """Narrow ``widths`` (of ``columns``' texts) until the table fits ``width``. The widest
+    column gives way first, down to its longest word ("succeeded" is not cut in two while a
+    long reason can wrap). Only when that is not enough are words folded: the last column's
+    (the free text: a reason, a log line) down to :data:`FOLDED_MIN` columns, then the widest
+    column's, and column ``fold_last`` (a job's id) only once no other can give."""
+    room = max(len(widths), width - 3 * len(widths) - 1)  # each column has a border and a space each side
+    words = [max(max((_cell_len(w) for w in t.split()), default=0) for t in col) for col in columns]
+    last = len(widths) - 1
+    while sum(widths) > room and max(widths) > 1:
+        above = [i for i, w in enumerate(widths) if w > words[i]]
+        if above:
+            i = max(above, key=lambda k: widths[k])
+        elif widths[last] > FOLDED_MIN and last != fold_last:
+            i = last
+        else:
+            others = [k for k, w in enumerate(widths) if w > 1 and k != fold_last]
+            i = max(others, key=lambda k: widths[k]) if others else (fold_last or 0)
+        widths[i] -= 1
 
 
 def _clean(text: str) -> str:

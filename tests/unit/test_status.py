@@ -268,6 +268,41 @@ def test_the_table_fits_the_terminal_and_keeps_every_word(tmp_path: Path) -> Non
     assert _wrap("數據集 ok", 4) == ["數據", "集", "ok"]  # wide characters take two columns
 
 
+def test_a_narrow_terminal_cuts_every_other_column_before_a_job_id(tmp_path: Path) -> None:
+    """A job's id is what a user copies into ``attach`` and ``logs``: at 60 columns every
+    column is down to its longest word and words must be cut, the free text's first, the id's
+    never while another column can give."""
+    doc = busy_box(tmp_path).status()
+    for width in (80, 70, 60):
+        lines = format_status(doc, width=width).splitlines()
+        cells = [ln.split("│")[1].strip() for ln in lines if ln.startswith("│ E1/")]
+        assert sorted(cells) == sorted(j["id"] for j in doc["jobs"]), width
+        assert all(len(ln) <= width for ln in lines if ln[:1] in "┏┃┡│└")
+
+
+def test_status_into_a_pipe_keeps_each_job_on_one_line(tmp_path: Path) -> None:
+    """``gpusched status | grep qnli`` finds the job's whole row: out of a terminal and
+    without COLUMNS the tables are as wide as their cells."""
+    box = busy_box(tmp_path)
+    box.store.close()
+    (tmp_path / "home").mkdir()
+    (tmp_path / "gs.db").rename(tmp_path / "home" / "gpusched.db")
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "GPUSCHED_FAKE_GPUS")}
+    env["GPUSCHED_HOME"] = str(tmp_path / "home")
+    r = subprocess.run(
+        [sys.executable, "-m", "gpusched", "status"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    rows = [ln for ln in r.stdout.splitlines() if ln.startswith("│")]
+    assert len(rows) == 3 + 18 and max(map(len, rows)) > 80  # one line a row, wider than rich's 80
+    assert next(ln for ln in rows if "E1/0-qnli" in ln).split("│")[2].strip() == "succeeded"
+
+
 @pytest.mark.parametrize("probe", ["fake", "nvml"])
 def test_status_loads_no_heavy_module(tmp_path: Path, probe: str) -> None:
     """Plain and --json status: no rich, yaml, psutil, tmux, filelock or torch imported; NVML
