@@ -59,6 +59,11 @@ def cmd_attach(args: argparse.Namespace) -> int:
             f"{job.id}'s pane is no longer on gpusched's tmux server (the newest {KEEP_WINDOWS} "
             f"windows of ended jobs are kept): use `gpusched logs {job.id}`"
         )
+    if not sys.stdin.isatty():  # tmux would say only "open terminal failed: not a terminal"
+        raise UsageError(
+            f"attach needs a terminal, and this command's input is not one: run it in a terminal, "
+            f"or see the output with `gpusched logs -f {job.id}`"
+        )
     argv = tmux.attach_argv(a.handle)
     env = {k: v for k, v in os.environ.items() if k != "TMUX"}
     os.execvpe(argv[0], argv, env)

@@ -59,12 +59,14 @@ def cli(gs_home: Path):  # type: ignore[no-untyped-def]
 def run_cli(
     *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120, check: bool = False
 ) -> subprocess.CompletedProcess[str]:
-    """Run the real CLI in a subprocess with the current (test) environment."""
+    """Run the real CLI in a subprocess with the current (test) environment, reading
+    /dev/null: as from a script, also where pytest runs in a terminal."""
     full_env = {**os.environ, **(env or {})}
     r = subprocess.run(
         [sys.executable, "-m", "gpusched", *args],
         cwd=cwd,
         env=full_env,
+        stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=timeout,

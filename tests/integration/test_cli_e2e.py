@@ -187,6 +187,9 @@ def test_attach_lands_in_the_jobs_live_pane(gs_home: Path, project: Path, tmp_pa
         check=True,
     )
     retry_until(lambda: by_id(status(project))["att/1-sst2"]["state"] == "running", timeout=30)
+    # from a script (no terminal): one line that says so, not tmux's "open terminal failed"
+    r = run_cli("attach", "att/1-sst2", cwd=project)
+    assert r.returncode == 2 and "attach needs a terminal" in r.stderr and "logs -f att/1-sst2" in r.stderr
     # a user's own terminal: an outer tmux server in which we type `gpusched attach`
     outer = ["tmux", "-S", str(tmp_path / "outer.sock")]
     env_cmd = f"GPUSCHED_HOME={gs_home} python -m gpusched attach att/1-sst2"
