@@ -15,11 +15,12 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from gpusched import __version__
-from gpusched.cli_common import _home, _probe_spec, _store
+from gpusched.cli_common import _home, _probe_spec, _store, known_suite
 from gpusched.cli_jobs import cmd_attach, cmd_cancel, cmd_logs, cmd_retry, cmd_wait
 from gpusched.cli_tools import cmd_daemon, cmd_drain, cmd_gpus, cmd_report, cmd_simulate
 from gpusched.errors import GpuschedError, UsageError
@@ -51,6 +52,23 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:  # `gpusched status | head`
         return 0
+
+
+def _at_least(low: float, kind: type[int] | type[float]) -> Callable[[str], Any]:
+    """An argparse type: a number (whole for ``int``) of at least ``low``; argparse words a
+    refusal "argument --top: '-2' is not a whole number >= 0"."""
+    what = f"{'a whole number' if kind is int else 'a number'} >= {low:g}"
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not value >= low:  # (nan is not)
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return value
+
+    return parse
 
 
 class _Parser(argparse.ArgumentParser):
@@ -108,7 +126,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         s.add_argument("--partition", help="Slurm partition (--backend slurm)")
         s.add_argument("--sbatch-arg", action="append", default=[], help="extra sbatch argument (repeatable)")
         s.add_argument(
-            "--max-queued", type=int, help="Slurm: at most this many of the suite's jobs submitted at once"
+            "--max-queued",
+            type=_at_least(1, int),
+            help="Slurm: at most this many of the suite's jobs submitted at once",
         )
         s.add_argument("--json", action="store_true", help="print what was queued as JSON")
         s.set_defaults(func=cmd_submit)
@@ -123,7 +143,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             help="JSON with only these keys in each job entry (implies --json), e.g. id,state,peak_mib",
         )
         s.add_argument("--watch", action="store_true", help="live dashboard until Ctrl-C")
-        s.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
+        s.add_argument("--interval", type=_at_least(0.1, float), default=1.0, help=argparse.SUPPRESS)
         s.set_defaults(func=cmd_status)
 
     if want("attach"):
@@ -135,7 +155,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         s = sub.add_parser("logs", help="a job's output")
         s.add_argument("job")
         s.add_argument("-f", "--follow", action="store_true")
-        s.add_argument("-n", "--lines", type=int, default=50)
+        s.add_argument("-n", "--lines", type=_at_least(0, int), default=50, help="the last N lines (0: all)")
         s.add_argument("--attempt", type=int, help="attempt number (default: the latest)")
         s.set_defaults(func=cmd_logs)
 
@@ -158,7 +178,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     if want("wait"):
         s = sub.add_parser("wait", help="wait for a suite to finish; exit 0 if all succeeded, 1 otherwise")
         s.add_argument("--suite")
-        s.add_argument("--timeout", type=float, help="give up after this many seconds (exit 124)")
+        s.add_argument(
+            "--timeout", type=_at_least(0, float), help="give up after this many seconds (exit 124)"
+        )
         s.add_argument("--quiet", action="store_true", help="no progress bar")
         s.set_defaults(func=cmd_wait)
 
@@ -237,7 +259,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         s.add_argument(
             "--plot", metavar="FILE", help="timeline .png/.svg/.pdf (pip install 'gpusched[plot]')"
         )
-        s.add_argument("--top", type=int, default=5, help="how many of the slowest jobs to list (default 5)")
+        s.add_argument(
+            "--top",
+            type=_at_least(0, int),
+            default=5,
+            help="how many of the slowest jobs to list (default 5)",
+        )
         s.set_defaults(func=cmd_report)
     return p
 
@@ -463,6 +490,8 @@ def _daemon_probe_spec(info: dict[str, Any] | None) -> str | None:
 def cmd_status(args: argparse.Namespace) -> int:
     fields = _entry_fields(args.fields) if args.fields is not None else None
     store = _store(readonly=True)
+    if args.suite:
+        known_suite(store, args.suite)
     if args.json or fields is not None:
         from gpusched.views import status
 

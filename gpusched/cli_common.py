@@ -37,6 +37,14 @@ def _probe_spec(fake: str | None) -> str | None:
     return f"fake:{fake}" if fake else None
 
 
+def known_suite(store: Store, name: str) -> str:
+    """``name`` when a suite of that name was submitted; else UsageError, with the nearest."""
+    names = [r[0] for r in store.db.execute("SELECT name FROM suites ORDER BY submitted_at")]
+    if name not in names:
+        raise UsageError(f"--suite {name}: no such suite{did_you_mean(name, names)}")
+    return name
+
+
 def resolve_jobs(store: Store, patterns: list[str]) -> list[str]:
     """Job ids for ids, bare names (when unambiguous) or shell patterns; unknown -> UsageError."""
     ids = [r["id"] for r in store.db.execute("SELECT id FROM jobs ORDER BY seq")]

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpusched.cli_common import _home, _probe_spec, _store, resolve_jobs
-from gpusched.errors import UsageError, did_you_mean
+from gpusched.cli_common import _home, _probe_spec, _store, known_suite, resolve_jobs
+from gpusched.errors import UsageError
 
 if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
     from collections.abc import Callable
@@ -129,10 +129,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
     store = _store()
     if args.suite:
-        if store.suite(args.suite) is None:
-            names = [s.name for s in store.suites()]
-            raise UsageError(f"--suite {args.suite}: no such suite{did_you_mean(args.suite, names)}")
-        ids = [j.id for j in store.jobs(suite=args.suite, states=["queued", "running"])]
+        ids = [j.id for j in store.jobs(suite=known_suite(store, args.suite), states=["queued", "running"])]
     elif args.jobs:
         ids = resolve_jobs(store, args.jobs)
     else:
@@ -188,9 +185,8 @@ def _retryable(store: Store, patterns: list[str]) -> list[str]:
 
 def cmd_wait(args: argparse.Namespace) -> int:
     store = _store()
-    if args.suite and store.suite(args.suite) is None:
-        names = [s.name for s in store.suites()]
-        raise UsageError(f"--suite {args.suite}: no such suite{did_you_mean(args.suite, names)}")
+    if args.suite:
+        known_suite(store, args.suite)
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     checked = [float("-inf")]
 

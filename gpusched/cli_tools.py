@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpusched.cli_common import _home, _probe_spec, _store
-from gpusched.errors import UsageError, did_you_mean
+from gpusched.cli_common import _home, _probe_spec, _store, known_suite
+from gpusched.errors import UsageError
 
 if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
     from gpusched.model import Suite
@@ -236,12 +236,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
         plot.require(args.plot)  # before any work: a missing extra is one line, exit 2
     store = _store()
-    names = [s.name for s in store.suites()]
-    if args.suite is None and not names:
+    if args.suite is not None:
+        name = known_suite(store, args.suite)
+    elif names := [s.name for s in store.suites()]:
+        name = names[-1]
+    else:
         raise UsageError("no suite submitted yet: nothing to report")
-    name = args.suite or names[-1]
-    if name not in names:
-        raise UsageError(f"--suite {name}: no such suite{did_you_mean(name, names)}")
     rep = report.from_store(store, name)
     to_stdout = "-" in (args.csv, args.json)
     if not to_stdout:
@@ -249,12 +249,19 @@ def cmd_report(args: argparse.Namespace) -> int:
 
         Console().print(report_render.render_report(rep, top=args.top))
     done = []
-    if args.csv:
-        done.append(f"{args.csv} ({report_render.write_csv(rep, args.csv)} attempts)")
-    if args.json:
-        done.append(f"{args.json} ({report_render.write_json(rep, args.json)} attempts)")
-    if args.plot:
-        done.append(str(plot.timeline(rep, args.plot)))
+    for flag, path, write in (
+        ("--csv", args.csv, lambda p: f"{p} ({report_render.write_csv(rep, p)} attempts)"),
+        ("--json", args.json, lambda p: f"{p} ({report_render.write_json(rep, p)} attempts)"),
+        ("--plot", args.plot, lambda p: str(plot.timeline(rep, p))),
+    ):
+        if not path:
+            continue
+        try:
+            done.append(write(path))
+        except OSError as e:  # a folder that cannot be made, a read-only disk, a full one
+            raise UsageError(
+                f"{flag} {path}: cannot write it ({e.strerror or e}); give another path"
+            ) from None
     done = [d for d in done if not d.startswith("- ")]
     if done:
         print("wrote " + ", ".join(done), file=sys.stderr if to_stdout else sys.stdout)

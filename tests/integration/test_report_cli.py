@@ -187,7 +187,15 @@ def test_plot_without_matplotlib_is_one_line_exit_2(
 
 @pytest.mark.parametrize(
     ("args", "needle"),
-    [(["--suite", "nope"], "no such suite"), (["--suite", "t", "--plot", "x.jpg"], ".png")],
+    [
+        (["--suite", "nope"], "no such suite"),
+        (["--suite", "t", "--plot", "x.jpg"], ".png"),
+        (
+            ["--suite", "t", "--csv", "/proc/nowhere/night.csv"],
+            "--csv /proc/nowhere/night.csv: cannot write it",
+        ),
+        (["--suite", "t", "--json", "/proc/night.json"], "--json /proc/night.json: cannot write it"),
+    ],
 )
 def test_bad_report_requests(night: Night, args: list[str], needle: str) -> None:
     r = night.cli("report", *args)

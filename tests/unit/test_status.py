@@ -303,6 +303,48 @@ def test_status_into_a_pipe_keeps_each_job_on_one_line(tmp_path: Path) -> None:
     assert next(ln for ln in rows if "E1/0-qnli" in ln).split("│")[2].strip() == "succeeded"
 
 
+BAD_OPTIONS = [
+    (["logs", "E1/0-qnli", "-n", "-3"], "argument -n/--lines: '-3' is not a whole number >= 0"),
+    (["report", "--top", "-2"], "argument --top: '-2' is not a whole number >= 0"),
+    (["wait", "--timeout", "-5"], "argument --timeout: '-5' is not a number >= 0"),
+    (["status", "--watch", "--interval", "-1"], "argument --interval: '-1' is not a number >= 0.1"),
+    (
+        ["submit", "--suite", "E1", "--max-queued", "0"],
+        "argument --max-queued: '0' is not a whole number >= 1",
+    ),
+    (["status", "--suite", "E1x"], "--suite E1x: no such suite (did you mean 'E1'?)"),
+    (["status", "--json", "--suite", "E1x"], "--suite E1x: no such suite (did you mean 'E1'?)"),
+    (["wait", "--suite", "E1x"], "--suite E1x: no such suite (did you mean 'E1'?)"),
+    (["cancel", "--suite", "E1x"], "--suite E1x: no such suite (did you mean 'E1'?)"),
+]
+
+
+@pytest.mark.parametrize(("argv", "said"), BAD_OPTIONS)
+def test_a_bad_number_or_suite_is_one_line_and_exit_2(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    said: str,
+) -> None:
+    """A negative count or timeout was taken (a negative --interval ended `status --watch` in
+    a traceback; --max-queued 0 silently meant 100), and `status --suite` with a typo showed an
+    empty table: each is now refused in one line, before anything is read or changed."""
+    from gpusched import cli
+
+    box = busy_box(tmp_path)
+    box.store.close()
+    (tmp_path / "home").mkdir()
+    (tmp_path / "gs.db").rename(tmp_path / "home" / "gpusched.db")
+    monkeypatch.setenv("GPUSCHED_HOME", str(tmp_path / "home"))
+    try:
+        code = cli.main(argv)
+    except SystemExit as e:  # argparse's refusal
+        code = e.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and said in err, err
+
+
 @pytest.mark.parametrize("probe", ["fake", "nvml"])
 def test_status_loads_no_heavy_module(tmp_path: Path, probe: str) -> None:
     """Plain and --json status: no rich, yaml, psutil, tmux, filelock or torch imported; NVML
