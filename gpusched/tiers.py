@@ -35,6 +35,22 @@ DEFAULT_ENV: Mapping[str, str] = MappingProxyType(
     }
 )
 
+#: Set by gpusched for each attempt, over whatever the plan says (the card it was placed on,
+#: the job's names: :func:`gpusched.attempt.materialize`), so a plan may not set them.
+SET_PER_ATTEMPT = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "GPUSCHED_JOB_ID",
+        "GPUSCHED_SUITE",
+        "GPUSCHED_JOB",
+        "GPUSCHED_ATTEMPT",
+        "GPUSCHED_TIER",
+        "GPUSCHED_ATTEMPT_DIR",
+        "GPUSCHED_GPU",
+    }
+)
+
 Path_ = tuple[Any, ...]  # a key path inside a nested config
 
 

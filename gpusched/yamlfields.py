@@ -203,6 +203,11 @@ def env(w: Where, value: Any, *, null_ok: bool = False) -> dict[str, str | None]
                 "is not a valid environment variable name",
                 "use letters, digits and _, not starting with a digit",
             )
+        if key in tiers.SET_PER_ATTEMPT:
+            hint = "--gpus chooses the cards" if key.startswith("CUDA_") else "the job reads it as set"
+            raise w.at(key).error(
+                "is set by gpusched for every attempt, over the plan's value", f"remove it; {hint}"
+            )
         out[key] = _env_value(w.at(key), val, null_ok=null_ok)
     return out
 

@@ -458,6 +458,20 @@ def test_env_keys_must_be_names(tmp_path: Path, key: str) -> None:
 @pytest.mark.parametrize(
     ("extra", "where"),
     [
+        ("env: {CUDA_VISIBLE_DEVICES: 0}\n", "env.CUDA_VISIBLE_DEVICES: is set by gpusched"),
+        ("tiers: [{name: A, env: {CUDA_DEVICE_ORDER: x}}]\n", "tiers[0].env.CUDA_DEVICE_ORDER: is set by"),
+        ("jobs: [{name: x, env: {GPUSCHED_GPU: 1}}]\n", "jobs[0].env.GPUSCHED_GPU: is set by gpusched"),
+    ],
+)
+def test_env_may_not_set_what_each_attempt_is_given(tmp_path: Path, extra: str, where: str) -> None:
+    """The card a job was placed on and its names are set over the plan's env: a plan that sets
+    them would see its value silently replaced (or, on Slurm, replace the allocation's)."""
+    load_error(tmp_path, MINIMAL + extra, f"plans/s.yaml: {where}")
+
+
+@pytest.mark.parametrize(
+    ("extra", "where"),
+    [
         ("env: {A: [1]}\n", "env.A: must be a single value"),
         ("env: {A: {b: 1}}\n", "env.A: must be a single value"),
         ("job: {env: {A: null}}\n", "job.env.A: must be a single value"),

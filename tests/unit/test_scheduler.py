@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from gpusched import tiers
 from gpusched.executors.fake import FakeExecutor
 from gpusched.gpus.fake import FakeProbe
 from gpusched.model import BatchRule, GpuPlan, JobSpec, JobState, ResumeSpec, Suite, Tier
@@ -101,6 +102,7 @@ def test_attempt_directory_holds_config_and_a_launch_script_with_env_and_command
     assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == env["PYTORCH_ALLOC_CONF"] == "expandable_segments:True"
     assert env["GPUSCHED_JOB_ID"] == "E1/0-task" and env["GPUSCHED_TIER"] == "A"
+    assert set(env) >= tiers.SET_PER_ATTEMPT  # what a plan may not set (it would be overwritten)
     assert command == f"python train.py --config {d / 'config.yaml'}"
     assert "export OMP_NUM_THREADS=1" in (d / "launch.sh").read_text()
     assert sorted(p.name for p in d.iterdir()) == ["config.yaml", "launch.sh"]  # before the wrapper runs
