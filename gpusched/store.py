@@ -60,6 +60,18 @@ def check_sqlite() -> None:
         )
 
 
+def _unreadable(path: Path, e: sqlite3.Error) -> str:
+    """One line for a state database that SQLite cannot use; for a damaged file, what to do."""
+    said = f"cannot read the state database {path}: {e}"
+    if isinstance(e, sqlite3.DatabaseError) and not isinstance(e, sqlite3.OperationalError):
+        # "file is not a database", "database disk image is malformed"
+        said += (
+            f"; move it aside (mv {path} {path}.damaged) and gpusched starts a new one"
+            " (each attempt's config, log and exit record stay in its logs/ folder)"
+        )
+    return said
+
+
 class Store:
     """A connection to the state database. Cheap to open; one per process/thread."""
 
@@ -83,11 +95,15 @@ class Store:
         # back: what lets memwatch.History read a new run's peak instead of the whole history
         self.exited = array("q")  # 8 bytes an attempt: a million cost 8 MB
         self.rollbacks = 0
-        self.db.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
-        if not readonly:
-            self._init_schema()
-        else:
-            self._check_version()
+        try:
+            self.db.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
+            if not readonly:
+                self._init_schema()
+            else:
+                self._check_version()
+        except sqlite3.Error as e:  # not a database, a damaged one, a disk that fails
+            self.db.close()
+            raise StoreError(_unreadable(self.path, e)) from e
 
     # ------------------------------------------------------------------ plumbing
 
@@ -110,10 +126,7 @@ class Store:
                 )
 
     def _check_version(self) -> None:
-        try:
-            row = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        except sqlite3.Error as e:
-            raise StoreError(f"cannot read the state database {self.path}: {e}") from e
+        row = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         if row is not None and int(row["value"]) > SCHEMA_VERSION:
             raise StoreError(
                 f"{self.path} was written by a newer gpusched (schema {row['value']}): upgrade gpusched"

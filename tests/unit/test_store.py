@@ -209,6 +209,18 @@ def test_a_database_from_a_newer_gpusched_is_refused_clearly(tmp_path: Path) -> 
         Store(tmp_path / "gs.db")
 
 
+@pytest.mark.parametrize("readonly", [False, True])
+def test_a_damaged_database_is_one_line_that_says_what_to_do(tmp_path: Path, readonly: bool) -> None:
+    """A file that is not a database (a disk that lost it, a copy cut short) stopped `submit`
+    and the daemon with a traceback; every command now says which file and how to go on."""
+    path = tmp_path / "gs.db"
+    path.write_bytes(bytes(range(256)) * 40)
+    with pytest.raises(StoreError) as err:
+        Store(path, readonly=readonly)
+    assert f"cannot read the state database {path}: file is not a database" in str(err.value)
+    assert f"mv {path} {path}.damaged" in str(err.value)
+
+
 def test_schema_v1_database_from_tests_data_still_opens() -> None:
     src = Path(__file__).resolve().parent.parent / "data" / "store-v1.db"
     assert src.exists(), "keep one database per schema version in tests/data"
