@@ -57,7 +57,17 @@ class Home(Struct, frozen=True):
         return self.root / "env" / f"{suite}.sh"
 
     def ensure(self) -> Home:
-        for d in (self.root, self.root / "env"):
-            d.mkdir(parents=True, exist_ok=True)
-            os.chmod(d, 0o700)
+        """Make the state directory (0700); UsageError when it cannot be made there."""
+        try:
+            for d in (self.root, self.root / "env"):
+                d.mkdir(parents=True, exist_ok=True)
+                os.chmod(d, 0o700)
+        except OSError as e:
+            from gpusched.errors import UsageError
+
+            where = "GPUSCHED_HOME" if os.environ.get("GPUSCHED_HOME") else "XDG_STATE_HOME or your home"
+            raise UsageError(
+                f"cannot make gpusched's state directory {self.root} ({e.strerror or e}): "
+                f"point {where} at a folder you can write"
+            ) from None
         return self

@@ -345,6 +345,25 @@ def test_a_bad_number_or_suite_is_one_line_and_exit_2(
     assert code == 2 and len(err.splitlines()) == 1 and said in err, err
 
 
+@pytest.mark.parametrize("argv", [["status"], ["submit", "--suite", "demo", "--gpu-plan", "1"], ["gpus"]])
+def test_a_state_home_that_cannot_be_made_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    """GPUSCHED_HOME naming a file (or a folder under one) was a traceback from every command."""
+    from gpusched import cli
+
+    (tmp_path / "a-file").write_text("x")
+    monkeypatch.setenv("GPUSCHED_HOME", str(tmp_path / "a-file" / "home"))
+    monkeypatch.setenv("GPUSCHED_FAKE_GPUS", "1x24GiB")
+    monkeypatch.chdir(ROOT)
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"gpusched: cannot make gpusched's state directory {tmp_path / 'a-file' / 'home'} (Not a directory): "
+        "point GPUSCHED_HOME at a folder you can write"
+    )
+
+
 @pytest.mark.parametrize("probe", ["fake", "nvml"])
 def test_status_loads_no_heavy_module(tmp_path: Path, probe: str) -> None:
     """Plain and --json status: no rich, yaml, psutil, tmux, filelock or torch imported; NVML
