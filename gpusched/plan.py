@@ -193,7 +193,22 @@ def _command(w: yf.Where, value: Any) -> str:
             "has no {config}: the job would never see its materialized config",
             "pass it the way your trainer reads it, e.g. --config {config}",
         )
+    if said := _shell_syntax_error(text.format_map(dict.fromkeys(COMMAND_FIELDS, "x"))):
+        raise w.error(f"the shell cannot parse it ({said})", "check its quotes, brackets and if/fi")
     return text
+
+
+def _shell_syntax_error(command: str) -> str | None:
+    """What ``sh -n`` (read, run nothing) says of ``command``, which every job's launch.sh
+    runs in sh: a missing quote fails each job at once, so it is found here instead."""
+    import subprocess
+
+    r = subprocess.run(["sh", "-n", "-c", command], capture_output=True, text=True, check=False)
+    if r.returncode == 0:
+        return None
+    lines = r.stderr.strip().splitlines()
+    said = lines[-1] if lines else f"exit {r.returncode}"
+    return said.split("Syntax error: ", 1)[-1] if "Syntax error: " in said else said
 
 
 def _description(w: yf.Where, value: Any) -> str:

@@ -251,6 +251,9 @@ def test_wrong_types_name_the_key(tmp_path: Path, extra: str, needles: tuple[str
         ("python t.py --config {config} --gpu {gpu:>3}", ("{gpu:>3} must be a plain {name}",)),
         ("python t.py --config {config", ("command: malformed template",)),
         ("python t.py --config {}", ("placeholder {} must be a plain",)),
+        # what the shell of every job's launch.sh would refuse, at once, forty times over
+        ("'python t.py --config \"{config}'", ("the shell cannot parse it (Unterminated quoted string)",)),
+        ("'if true; then python t.py --config {config}'", ("the shell cannot parse it", "if/fi")),
     ],
 )
 def test_command_errors(tmp_path: Path, command: str | None, needles: tuple[str, ...]) -> None:

@@ -268,6 +268,17 @@ def test_the_table_fits_the_terminal_and_keeps_every_word(tmp_path: Path) -> Non
     assert _wrap("數據集 ok", 4) == ["數據", "集", "ok"]  # wide characters take two columns
 
 
+def test_a_failed_jobs_line_is_shown_once(tmp_path: Path) -> None:
+    """A failure's matching line follows its reason, unless the reason is that line (a shell's
+    "not found"), which was shown twice."""
+    doc = busy_box(tmp_path).status()
+    said = "launch.sh: no_such_trainer: not found"
+    doc["jobs"][0].update(state="failed", outcome="error", reason=said, line=said)
+    doc["jobs"][1].update(state="failed", outcome="error", reason="exited 1", line="ValueError: bad lr")
+    text = format_status(doc, width=None)
+    assert text.count(said) == 1 and "[error] exited 1: ValueError: bad lr" in text
+
+
 def test_a_narrow_terminal_cuts_every_other_column_before_a_job_id(tmp_path: Path) -> None:
     """A job's id is what a user copies into ``attach`` and ``logs``: at 60 columns every
     column is down to its longest word and words must be cut, the free text's first, the id's
