@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
     from collections.abc import Callable
 
     from gpusched.attempt import AttemptPaths
-    from gpusched.store import JobRow, Store
+    from gpusched.store import AttemptRow, JobRow, Store
 
 
 def _one_job(store: Store, ref: str) -> JobRow:
@@ -71,56 +71,103 @@ def cmd_attach(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    """A job's output: the last lines of its newest attempt (or ``--attempt N``). With
+    ``--follow``, what it writes as it writes it, across its attempts: a queued job is waited
+    for, and an attempt requeued after an OOM is followed by the next one, until the job
+    succeeds, fails or is cancelled (with ``--attempt N``: until that attempt ends)."""
     from gpusched.attempt import AttemptPaths
 
     store = _store()
     job = _one_job(store, args.job)
     attempts = store.attempts(job.id)
-    if not attempts:
-        raise UsageError(f"{job.id} has not started yet: no log")
     if args.attempt is not None:
         match = [a for a in attempts if a.n == args.attempt]
         if not match:
             raise UsageError(f"{job.id} has attempts 1..{len(attempts)}: no attempt {args.attempt}")
-        a = match[0]
-    else:
+        a: AttemptRow | None = match[0]
+    elif attempts:
         a = attempts[-1]
-    paths = AttemptPaths(Path(a.dir))
-    print(
-        f"==> {paths.output} (attempt {a.n}, tier {a.tier_name}"
-        + (f", {a.outcome}: {a.reason}" if a.outcome else "")
-        + ") <==",
-        file=sys.stderr,
-    )
-    if a.line:
-        print(f"==> matching line: {a.line}", file=sys.stderr)
-    text = paths.log_tail(1 << 20)
-    lines = text.splitlines()[-args.lines :] if args.lines > 0 else text.splitlines()
-    for line in lines:
-        print(line)
-    if args.follow:
-        return _follow(store, job.id, a.id, paths)
+    elif args.follow:
+        print(f"==> {job.id} is {job.state.value}: waiting for its first attempt <==", file=sys.stderr)
+        a = _next_attempt(store, job.id, after=0)
+    else:
+        raise UsageError(f"{job.id} has not started yet: no log (`gpusched logs -f {job.id}` waits for it)")
+    lines = args.lines
+    while a is not None:
+        paths = AttemptPaths(Path(a.dir))
+        print(f"==> {paths.output} ({_attempt_said(a)}) <==", file=sys.stderr)
+        if a.line:
+            print(f"==> matching line: {a.line}", file=sys.stderr)
+        if not args.follow:
+            _write(_last_lines(paths.log_tail(1 << 20).encode(), lines))
+            return 0
+        ended = _follow(store, a.id, paths, lines)
+        if ended is not None and ended.outcome and not a.outcome:  # it ended while followed
+            print(f"==> attempt {ended.n} ended: {ended.outcome}: {ended.reason} <==", file=sys.stderr)
+        if args.attempt is not None:
+            return 0
+        a = _next_attempt(store, job.id, after=a.n)
+        lines = 0  # a later attempt is shown from its start
     return 0
 
 
-def _follow(store: Store, job_id: str, attempt_id: int, paths: AttemptPaths) -> int:
-    try:
-        f = open(paths.output, "rb")  # noqa: SIM115 (closed by the `with` below)
-    except OSError:
-        return 0
+def _attempt_said(a: AttemptRow) -> str:
+    return f"attempt {a.n}, tier {a.tier_name}" + (f", {a.outcome}: {a.reason}" if a.outcome else "")
+
+
+def _last_lines(data: bytes, n: int) -> bytes:
+    """The last ``n`` lines of ``data`` (0: all of it)."""
+    if n <= 0:
+        return data
+    parts = data.splitlines(keepends=True)
+    return b"".join(parts[-n:])
+
+
+def _write(data: bytes) -> None:
+    if data:
+        sys.stdout.write(data.decode("utf-8", "replace"))
+        sys.stdout.flush()
+
+
+def _next_attempt(store: Store, job_id: str, *, after: int) -> AttemptRow | None:
+    """The job's first attempt numbered above ``after``, once it exists; None once the job
+    has ended without one (it succeeded, failed or was cancelled)."""
+    while True:
+        newer = [a for a in store.attempts(job_id) if a.n > after]
+        if newer:
+            return newer[0]
+        job = store.job(job_id)
+        if job is None or job.state.value in ("succeeded", "failed", "cancelled"):
+            return None
+        time.sleep(0.2)
+
+
+def _follow(store: Store, attempt_id: int, paths: AttemptPaths, last: int) -> AttemptRow | None:
+    """Print the last ``last`` lines of the attempt's log (0: the last MiB), then what it
+    writes, until the attempt has ended; return its row then. A log not there yet (the
+    attempt is launching) is waited for."""
+    f = None
+    while f is None:
+        try:
+            f = open(paths.output, "rb")  # noqa: SIM115 (closed by the `with` below)
+        except FileNotFoundError:
+            row = store.attempt(attempt_id)
+            if row is None or row.state.value == "exited":
+                return row
+            time.sleep(0.2)
     with f:
-        f.seek(0, os.SEEK_END)
+        size = os.fstat(f.fileno()).st_size
+        f.seek(max(0, size - (1 << 20)))
+        _write(_last_lines(f.read(), last))
         while True:
             chunk = f.read(65536)
             if chunk:
-                sys.stdout.write(chunk.decode("utf-8", "replace"))
-                sys.stdout.flush()
+                _write(chunk)
                 continue
             row = store.attempt(attempt_id)
-            if row is not None and row.state.value == "exited":
-                rest = f.read()
-                sys.stdout.write(rest.decode("utf-8", "replace"))
-                return 0
+            if row is None or row.state.value == "exited":
+                _write(f.read())
+                return row
             time.sleep(0.2)
 
 

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -89,6 +90,48 @@ def test_submit_wait_status_logs(gs_home: Path, project: Path, backend: str) -> 
     assert logs.returncode == 0 and "CUDA out of memory" in logs.stdout + logs.stderr
     done = run_cli("logs", "1-sst2", cwd=project)  # a bare name works when unambiguous
     assert "done: steps=6" in done.stdout
+
+
+def test_logs_follow_waits_for_a_queued_job_and_follows_it_through_its_requeues(
+    gs_home: Path, project: Path
+) -> None:
+    """`logs -f` right after submit: the job is still queued (here: draining), so it waits;
+    then it shows each attempt as it runs, A and B out of memory, C to the end, and returns
+    once the job has succeeded."""
+    write_plan(project, "fo", PLAN)
+    run_cli("drain", cwd=project, check=True)
+    run_cli(
+        "submit", "--suite", "fo", "--only", "big", "--gpu-plan", "1", "--backend", "subprocess",
+        cwd=project, env=FAKE, check=True,
+    )  # fmt: skip
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "gpusched", "logs", "-f", "fo/big"],
+        cwd=project,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert follow.stderr is not None
+        assert follow.stderr.readline() == "==> fo/big is queued: waiting for its first attempt <==\n"
+        run_cli("drain", "--off", cwd=project, check=True)
+        out, err = follow.communicate(timeout=120)
+    finally:
+        follow.kill()
+    assert follow.returncode == 0, err
+    said = [ln for ln in err.splitlines() if ln.startswith("==> ")]
+    assert [ln.split(" (")[-1] for ln in said if "output.log" in ln] == [
+        "attempt 1, tier A) <==",
+        "attempt 2, tier B) <==",
+        "attempt 3, tier C) <==",
+    ]
+    assert [ln.split(":")[0] for ln in said if " ended" in ln] == [
+        "==> attempt 1 ended",
+        "==> attempt 2 ended",
+        "==> attempt 3 ended",
+    ]
+    assert "attempt 3 ended: ok" in err and out.count("CUDA out of memory") == 2 and "done: steps=6" in out
 
 
 def test_cancel_a_running_job_and_a_queued_one(gs_home: Path, project: Path) -> None:
