@@ -99,7 +99,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
         if a.line:
             print(f"==> matching line: {a.line}", file=sys.stderr)
         if not args.follow:
-            _write(_last_lines(paths.log_tail(1 << 20).encode(), lines))
+            text = _last_lines(paths.log_tail(1 << 20).encode(), lines)
+            _write(text if text.endswith(b"\n") or not text else text + b"\n")
             return 0
         ended = _follow(store, a.id, paths, lines)
         if ended is not None and ended.outcome and not a.outcome:  # it ended while followed
@@ -116,11 +117,14 @@ def _attempt_said(a: AttemptRow) -> str:
 
 
 def _last_lines(data: bytes, n: int) -> bytes:
-    """The last ``n`` lines of ``data`` (0: all of it)."""
-    if n <= 0:
-        return data
-    parts = data.splitlines(keepends=True)
-    return b"".join(parts[-n:])
+    """The last ``n`` lines of ``data`` (0: all of it), counted as ``tail`` counts them: by
+    newlines, so a progress bar's carriage returns keep to their line."""
+    cut = len(data) - 1 if data.endswith(b"\n") else len(data)
+    for _ in range(n):
+        cut = data.rfind(b"\n", 0, cut)
+        if cut < 0:
+            return data
+    return data[cut + 1 :] if n > 0 else data
 
 
 def _write(data: bytes) -> None:

@@ -203,7 +203,10 @@ def _shell_syntax_error(command: str) -> str | None:
     runs in sh: a missing quote fails each job at once, so it is found here instead."""
     import subprocess
 
-    r = subprocess.run(["sh", "-n", "-c", command], capture_output=True, text=True, check=False)
+    try:
+        r = subprocess.run(["sh", "-n", "-c", command], capture_output=True, text=True, check=False)
+    except OSError:  # no sh to ask here: the jobs' own shell will say
+        return None
     if r.returncode == 0:
         return None
     lines = r.stderr.strip().splitlines()

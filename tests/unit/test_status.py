@@ -567,3 +567,14 @@ def test_a_daemon_that_stopped_finishing_ticks_is_shown_as_stalled(tmp_path: Pat
     assert "STALLED: no scheduling step has finished for" in text.splitlines()[0]
     assert "stalled_s" not in fresh["daemon"]  # it ticked again
     assert "stalled_s" not in restarted["daemon"]  # the old snapshot is an earlier daemon's
+
+
+def test_logs_counts_lines_as_tail_does() -> None:
+    """`logs -n N` takes the last N newline-ended lines: a progress bar's carriage returns
+    stay inside their line (they were each taken for a line, so -n 50 showed one bar)."""
+    from gpusched.cli_jobs import _last_lines
+
+    assert _last_lines(b"a\nb\nc\n", 2) == b"b\nc\n"
+    assert _last_lines(b"a\nb\nc", 2) == b"b\nc"  # a line still being written counts
+    assert _last_lines(b"a\nstep 1\rstep 2\rstep 3\n", 1) == b"step 1\rstep 2\rstep 3\n"
+    assert _last_lines(b"a\nb\n", 5) == _last_lines(b"a\nb\n", 0) == b"a\nb\n"
