@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from gpusched import __version__
-from gpusched.cli_common import _home, _probe_spec, _store, known_suite
+from gpusched.cli_common import _home, _probe_spec, _store, known_suite, terminal
 from gpusched.cli_jobs import cmd_attach, cmd_cancel, cmd_logs, cmd_retry, cmd_wait
 from gpusched.cli_tools import cmd_daemon, cmd_drain, cmd_gpus, cmd_report, cmd_simulate
 from gpusched.errors import GpuschedError, UsageError
@@ -501,7 +501,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from gpusched.views import MAX_TABLE_JOBS, format_status
 
     rows = MAX_TABLE_JOBS  # read only the rows the table shows: a 10k-job store costs what 40 jobs cost
-    width, color = _terminal()
+    width, color = terminal()
     if not args.watch:
         print(format_status(_status_doc(args, store, table_rows=rows), width=width, color=color))
         return 0
@@ -510,7 +510,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         sys.stdout.write(("\x1b[H\x1b[2J" if sys.stdout.isatty() else "\n") + text + "\n")
         sys.stdout.flush()
         time.sleep(args.interval)
-        width, _ = _terminal()
+        width, _ = terminal()
 
 
 def _entry_fields(text: str) -> list[str]:
@@ -526,21 +526,3 @@ def _entry_fields(text: str) -> list[str]:
             hint = did_you_mean(f, ENTRY_FIELDS) or f"; the keys are {', '.join(ENTRY_FIELDS)}"
             raise UsageError(f"status --fields: no job key '{f}'{hint}")
     return list(dict.fromkeys(fields))  # a key given twice is shown once
-
-
-def _terminal() -> tuple[int | None, bool]:
-    """Columns to lay tables out in and whether to colour: ``COLUMNS``, else the terminal's
-    width, else (output into a pipe or a file) None, the tables' own width, so that every row
-    stays one line for ``grep``; colour on a terminal unless ``NO_COLOR`` or ``TERM=dumb``, or
-    always with ``FORCE_COLOR``."""
-    tty = sys.stdout.isatty()
-    try:
-        width: int | None = int(os.environ.get("COLUMNS", ""))
-    except ValueError:
-        try:
-            width = os.get_terminal_size(sys.stdout.fileno()).columns if tty else None
-        except (OSError, ValueError):
-            width = 80
-    env = os.environ
-    color = bool(env.get("FORCE_COLOR")) or (tty and not env.get("NO_COLOR") and env.get("TERM") != "dumb")
-    return None if width is None else max(width, 20), color

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import sys
 from typing import TYPE_CHECKING
 
 from gpusched.errors import UsageError, did_you_mean
@@ -60,3 +61,21 @@ def resolve_jobs(store: Store, patterns: list[str]) -> list[str]:
             raise UsageError(f"'{pat}' is ambiguous ({', '.join(hits[:3])}...): give the full id SUITE/NAME")
         out.extend(h for h in hits if h not in out)
     return out
+
+
+def terminal() -> tuple[int | None, bool]:
+    """Columns to lay tables out in and whether to colour: ``COLUMNS``, else the terminal's
+    width, else (output into a pipe or a file) None, the tables' own width, so that every row
+    stays one line for ``grep``; colour on a terminal unless ``NO_COLOR`` or ``TERM=dumb``, or
+    always with ``FORCE_COLOR``."""
+    tty = sys.stdout.isatty()
+    try:
+        width: int | None = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        try:
+            width = os.get_terminal_size(sys.stdout.fileno()).columns if tty else None
+        except (OSError, ValueError):
+            width = 80
+    env = os.environ
+    color = bool(env.get("FORCE_COLOR")) or (tty and not env.get("NO_COLOR") and env.get("TERM") != "dumb")
+    return None if width is None else max(width, 20), color

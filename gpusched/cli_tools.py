@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpusched.cli_common import _home, _probe_spec, _store, known_suite
+from gpusched.cli_common import _home, _probe_spec, _store, known_suite, terminal
 from gpusched.errors import UsageError
 
 if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
@@ -247,7 +247,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not to_stdout:
         from rich.console import Console
 
-        Console().print(report_render.render_report(rep, top=args.top))
+        shown = report_render.render_report(rep, top=args.top)
+        width, _ = terminal()
+        if width is None:  # into a pipe or a file: as wide as its tables, one line a row
+            width = Console(width=10_000).measure(shown).maximum
+        Console(width=width).print(shown)
     done = []
     for flag, path, write in (
         ("--csv", args.csv, lambda p: f"{p} ({report_render.write_csv(rep, p)} attempts)"),

@@ -125,6 +125,17 @@ def test_report_prints_the_summary(night: Night) -> None:
     assert night.cli("report").returncode == 0  # the latest suite by default
 
 
+def test_report_into_a_pipe_keeps_each_row_on_one_line(night: Night) -> None:
+    """`gpusched report > morning.txt`, or into grep: no terminal and no COLUMNS, so the
+    tables are as wide as their rows (they wrapped at 80 columns, a job's path over two lines)."""
+    r = run_cli("report", "--suite", "t", cwd=night.project, env={**night.env, "COLUMNS": ""})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert [ln for ln in lines if "t/big" in ln and "A:oom > B:oom > C:ok" in ln], r.stdout
+    assert [ln for ln in lines if " lost (" in ln and "were not resumed" in ln], r.stdout
+    assert [ln for ln in lines if "t/broken" in ln and "label column missing" in ln], r.stdout
+
+
 def test_csv_and_json_have_one_row_per_attempt(night: Night, tmp_path: Path) -> None:
     r = night.cli(
         "report", "--suite", "t", "--csv", str(tmp_path / "a.csv"), "--json", str(tmp_path / "a.json")
