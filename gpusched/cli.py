@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from gpusched import __version__
-from gpusched.cli_common import _home, _probe_spec, _store, known_suite, terminal
+from gpusched.cli_common import _home, _probe_spec, _store, daemon_probe_spec, known_suite, terminal
 from gpusched.cli_jobs import cmd_attach, cmd_cancel, cmd_logs, cmd_retry, cmd_wait
 from gpusched.cli_tools import cmd_daemon, cmd_drain, cmd_gpus, cmd_report, cmd_simulate
 from gpusched.errors import GpuschedError, UsageError
@@ -185,9 +185,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         s.set_defaults(func=cmd_wait)
 
     if want("gpus"):
-        s = sub.add_parser("gpus", help="what the GPU probe sees, and which GPUs are out of service")
+        s = sub.add_parser(
+            "gpus", help="what the GPU probe sees (the running daemon's), and which GPUs are out of service"
+        )
         s.add_argument("--json", action="store_true")
-        s.add_argument("--fake-gpus")
+        s.add_argument("--fake-gpus", help="pretend GPUs, e.g. 4x24GiB (default: the daemon's probe)")
         s.add_argument(
             "--enable",
             metavar="GPUS",
@@ -415,7 +417,7 @@ def _status_sources(args: argparse.Namespace) -> tuple[list[GpuState], dict[str,
     now = time.time()
     seen = published.read(home, now=now) if info else None
     if seen is None:
-        probe = _probe(_daemon_probe_spec(info))
+        probe = _probe(daemon_probe_spec(info))
         seen = probe.snapshot(), probe.notice()
         if info:
             info = _with_stall(home, info, now)
@@ -478,13 +480,6 @@ def _add_slurm_details(running: list[dict[str, Any]]) -> None:
         info = ex.info(j["backend_handle"])
         if info is not None:
             j["slurm"].update(state=info.state, node=info.node, reason=info.reason)
-
-
-def _daemon_probe_spec(info: dict[str, Any] | None) -> str | None:
-    """Show the GPUs the daemon schedules on (fake ones included)."""
-    if info and info.get("probe_spec"):
-        return str(info["probe_spec"])
-    return _probe_spec(None)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

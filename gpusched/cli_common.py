@@ -7,7 +7,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpusched.errors import UsageError, did_you_mean
 
@@ -36,6 +36,14 @@ def _store(*, readonly: bool = False) -> Store:
 def _probe_spec(fake: str | None) -> str | None:
     fake = fake or os.environ.get("GPUSCHED_FAKE_GPUS")
     return f"fake:{fake}" if fake else None
+
+
+def daemon_probe_spec(info: dict[str, Any] | None) -> str | None:
+    """The probe of the running daemon (``daemon.info``), so that a command shows the GPUs it
+    schedules on, fake ones included; without a daemon, ``GPUSCHED_FAKE_GPUS`` or the real one."""
+    if info and info.get("probe_spec"):
+        return str(info["probe_spec"])
+    return _probe_spec(None)
 
 
 def known_suite(store: Store, name: str) -> str:

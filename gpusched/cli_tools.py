@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpusched.cli_common import _home, _probe_spec, _store, known_suite, terminal
+from gpusched.cli_common import _home, _probe_spec, _store, daemon_probe_spec, known_suite, terminal
 from gpusched.errors import UsageError
 
 if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
@@ -28,7 +28,10 @@ def cmd_gpus(args: argparse.Namespace) -> int:
         return _enable_gpus(args.enable)
     seen = _home().db.exists()  # (looking at the GPUs creates no database)
     out = {i: asdict(o) for i, o in _store(readonly=True).gpus_out().items()} if seen else {}
-    probe = make_probe(_probe_spec(args.fake_gpus))
+    from gpusched import daemon
+
+    # --fake-gpus, else the probe the running daemon places with (it may run on fake GPUs)
+    probe = make_probe(_probe_spec(args.fake_gpus) or daemon_probe_spec(daemon.info(_home())))
     snap = probe.snapshot()
     if args.json:
         doc = {"probe": probe.name, "notice": probe.notice(), "gpus": snap, "out_of_service": out}

@@ -281,6 +281,8 @@ def test_a_broken_gpu_goes_out_of_service_and_does_not_take_the_queue_down(
     assert "GPU 1 OUT OF SERVICE since" in text
     listed = run_cli("gpus", cwd=project, env=FAKE, check=True).stdout
     assert "GPU 1 is out of service after 2 faults in a row" in listed
+    # without --fake-gpus, `gpus` looks through the running daemon's probe (it said "no GPU")
+    assert run_cli("gpus", cwd=project, check=True).stdout == listed
 
     bad = run_cli("gpus", "--enable", "one", cwd=project)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--enable 'one'" in bad.stderr
