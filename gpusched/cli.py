@@ -304,7 +304,8 @@ def _submit(
     backend = check_backend(args.backend or default_backend())
     detected = None
     if backend != "slurm":
-        gpus_seen = make_probe(probe_spec).snapshot()
+        # the GPUs the jobs will be placed on: --fake-gpus, else those of the running daemon's probe
+        gpus_seen = make_probe(probe_spec or daemon_probe_spec(daemon.info(home))).snapshot()
         detected = len(gpus_seen) if gpus_seen else None
     gpus = flags.parse_gpus(args.gpus, detected=detected)
     if args.gpu_plan is None:

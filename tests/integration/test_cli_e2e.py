@@ -325,6 +325,19 @@ def test_bad_input_is_one_clear_line_exit_2_and_nothing_enqueued(
     assert run_cli("daemon", "status", cwd=project).returncode == 3
 
 
+def test_submit_checks_the_gpus_against_the_running_daemons_probe(gs_home: Path, project: Path) -> None:
+    """A daemon placing on 2 fake GPUs runs; a submit from a shell without GPUSCHED_FAKE_GPUS
+    plans for those two (it probed NVML itself: no GPU, so --gpus 1-2 went through and jobs
+    were placed on a GPU 2 that does not exist, and a plan-less submit was refused)."""
+    write_plan(project, "t", PLAN)
+    run_cli("daemon", "start", "--fake-gpus", "2x24GiB", cwd=project, check=True)
+    r = run_cli("submit", "--suite", "t", "--gpus", "1-2", cwd=project)
+    assert r.returncode == 2 and "GPU 2 does not exist: this machine has 2 GPUs (0-1)" in r.stderr, r.stderr
+    r = run_cli("submit", "--suite", "t", "--dry-run", cwd=project, check=True)
+    assert "plan 1,1 on GPUs 0,1" in r.stdout, r.stdout
+    assert status(project)["jobs"] == []
+
+
 def test_a_daemon_on_standby_holds_nothing_and_ends_unless_told_to_go(gs_home: Path) -> None:
     """`submit` starts the daemon before it reads the plan (its start overlaps the submit's own
     work): until told to go it has taken no lock, opened no database and written nothing, and
