@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
     from gpusched.gpus import Probe
     from gpusched.home import Home
     from gpusched.model import GpuPlan, GpuState, Suite
+    from gpusched.records import SuiteRow
     from gpusched.store import Store
 
 
@@ -301,7 +302,8 @@ def _submit(
 
     suite = plan.load_suite(args.suite, cwd=cwd, name=args.name)
     suite = flags.select_jobs(suite, pairs=args.pairs, only=args.only)
-    backend = check_backend(args.backend or default_backend())
+    before = _submitted_before(home, suite.name)  # what a flag left out stays as it was
+    backend = check_backend(args.backend or (before.backend if before else None) or default_backend())
     detected = None
     if backend != "slurm":
         # the GPUs the jobs will be placed on: --fake-gpus, else those of the running daemon's probe
@@ -311,6 +313,8 @@ def _submit(
     if args.gpu_plan is None:
         if backend == "slurm":
             gpu_plan_text, gpus = "1", (0,)  # placeholder: Slurm places jobs
+        elif before is not None and gpus is None and before.backend != "slurm":
+            gpu_plan_text, gpus = before.gpu_plan.as_text(), before.gpu_plan.gpus
         elif gpus is None and detected is None:
             raise UsageError(
                 "no GPU found to plan for: give --gpu-plan (e.g. --gpu-plan 2 runs two jobs at a time), "
@@ -362,6 +366,7 @@ def _submit(
                     "queued": list(result.queued),
                     "requeued": list(result.requeued),
                     "skipped": [list(s) for s in result.skipped],
+                    "plan_before": result.plan_before,
                     "gpu_plan": gplan.as_text(),
                     "gpus": list(gplan.gpus),
                     "backend": backend,
@@ -370,9 +375,10 @@ def _submit(
         )
         return 0
     n = len(result.queued) + len(result.requeued)
+    slots = gplan.total_slots
     print(
         f"{suite.name}: queued {n} job{'s' * (n != 1)} on GPUs {','.join(map(str, gplan.gpus))} "
-        f"with plan {gplan.as_text()} ({gplan.total_slots} slots), backend {backend}"
+        f"with plan {gplan.as_text()} ({slots} slot{'s' * (slots != 1)}), backend {backend}"
     )
     if result.skipped:
         states: dict[str, int] = {}
@@ -380,10 +386,34 @@ def _submit(
             states[st] = states.get(st, 0) + 1
         desc = ", ".join(f"{v} {k}" for k, v in states.items())
         print(f"  left as they are: {desc} (use --rerun to queue finished jobs again)")
+    if result.plan_before is not None:
+        print(
+            f"  plan changed from {result.plan_before}: queued jobs are placed by this one from now;"
+            " running ones stay where they are"
+        )
     if info and info.get("probe_notice"):
         print(f"  {info['probe_notice']}")
     print(f"  logs: {suite.logs_dir}/<job>/<attempt>-<tier>/output.log   watch: gpusched status --watch")
     return 0
+
+
+def _submitted_before(home: Home, name: str) -> SuiteRow | None:
+    """Suite ``name`` as last submitted while it still has queued or running jobs, else None:
+    a submit again during its night, without ``--gpu-plan``, ``--gpus`` or ``--backend``, keeps
+    its plan, GPUs and backend (a repeated command is harmless; it does not put a 2,2,2 night
+    back to one job a GPU). A finished suite submitted again starts from the defaults."""
+    if not home.db.exists():
+        return None
+    from gpusched.store import ACTIVE_STATES, Store
+
+    store = Store(home.db, readonly=True)
+    try:
+        active = store.db.execute(
+            "SELECT 1 FROM jobs WHERE suite = ? AND state IN (?, ?) LIMIT 1", (name, *ACTIVE_STATES)
+        ).fetchone()
+        return store.suite(name) if active else None
+    finally:
+        store.close()
 
 
 def _print_dry_run(suite: Suite, gplan: GpuPlan, backend: str, as_json: bool) -> int:

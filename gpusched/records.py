@@ -119,6 +119,8 @@ class SubmitResult(Struct, frozen=True, kw_only=True):
     queued: tuple[str, ...]
     requeued: tuple[str, ...]  # finished jobs queued again (--rerun)
     skipped: tuple[tuple[str, str], ...]  # (job id, its state) left as they were
+    #: the suite's GPU plan before this submit, as "1,1 on GPUs 0,1", when this one changed it
+    plan_before: str | None = None
 
 
 class NewAttempt(Struct, frozen=True, kw_only=True):

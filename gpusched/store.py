@@ -225,7 +225,7 @@ class Store:
         now = time.time() if now is None else now
         queued, requeued, skipped = [], [], []
         with self.tx():
-            self._upsert_suite(
+            plan_before = self._upsert_suite(
                 suite, plan, backend=backend, cwd=cwd, env_path=env_path, options=options, now=now
             )
             existing = {
@@ -243,7 +243,9 @@ class Store:
                 else:
                     skipped.append((job.id, row["state"]))
             self._event(now, None, "submit", f"{suite.name}: {len(queued)} queued, {len(requeued)} requeued")
-        return SubmitResult(queued=tuple(queued), requeued=tuple(requeued), skipped=tuple(skipped))
+        return SubmitResult(
+            queued=tuple(queued), requeued=tuple(requeued), skipped=tuple(skipped), plan_before=plan_before
+        )
 
     def _upsert_suite(
         self,
@@ -255,8 +257,10 @@ class Store:
         env_path: str | None,
         options: dict[str, Any] | None,
         now: float,
-    ) -> None:
-        old = self.db.execute("SELECT cwd FROM suites WHERE name = ?", (suite.name,)).fetchone()
+    ) -> str | None:
+        """Record the suite (a new submit's plan, GPUs, tiers and backend replace the old ones
+        for its queued jobs); the GPU plan it had, as "1,1 on GPUs 0,1", when this changes it."""
+        old = self.db.execute("SELECT cwd, gpus, slots FROM suites WHERE name = ?", (suite.name,)).fetchone()
         if old is not None and old["cwd"] != cwd:
             active = self.db.execute(
                 "SELECT COUNT(*) FROM jobs WHERE suite = ? AND state IN (?, ?)", (suite.name, *ACTIVE_STATES)
@@ -282,6 +286,12 @@ class Store:
                 now,
             ),
         )
+        if old is None:
+            return None
+        gpus, slots = json.loads(old["gpus"]), json.loads(old["slots"])
+        if (gpus, slots) == (list(plan.gpus), list(plan.slots)):
+            return None
+        return f"{','.join(map(str, slots))} on GPUs {','.join(map(str, gpus))}"
 
     def _insert_job(self, job: JobSpec, now: float) -> None:
         self.db.execute(

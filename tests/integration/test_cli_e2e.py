@@ -338,6 +338,41 @@ def test_submit_checks_the_gpus_against_the_running_daemons_probe(gs_home: Path,
     assert status(project)["jobs"] == []
 
 
+def test_a_repeated_submit_keeps_the_nights_plan_and_a_new_plan_replaces_it(
+    gs_home: Path, project: Path
+) -> None:
+    """During a suite's night, `submit` again without --gpu-plan or --backend keeps its plan and
+    backend (it put the night back to one job a GPU, in tmux); with --gpu-plan it replaces the
+    plan for the queued jobs and says which it replaced. A finished suite starts from the defaults."""
+    write_plan(
+        project,
+        "t",
+        "command: sleep 60; echo {config}\nmatrix: {seed: [1, 2, 3, 4, 5, 6]}\njob: {name: 's{seed}'}\n",
+    )
+
+    def submit(*extra: str) -> dict:  # type: ignore[type-arg]
+        return json.loads(
+            run_cli("submit", "--suite", "t", "--json", *extra, cwd=project, env=FAKE, check=True).stdout
+        )
+
+    submit("--gpu-plan", "2,1", "--backend", "subprocess")
+    again = submit()
+    assert (again["gpu_plan"], again["backend"], again["plan_before"], again["queued"]) == (
+        "2,1",
+        "subprocess",
+        None,
+        [],
+    )
+    narrower = submit("--gpu-plan", "1,0")
+    assert (narrower["plan_before"], narrower["backend"]) == ("2,1 on GPUs 0,1", "subprocess")
+    run_cli("cancel", "--suite", "t", cwd=project, check=True)
+    assert run_cli("wait", "--suite", "t", "--quiet", "--timeout", "60", cwd=project).returncode == 1
+    fresh = json.loads(
+        run_cli("submit", "--suite", "t", "--dry-run", "--json", cwd=project, env=FAKE, check=True).stdout
+    )
+    assert fresh["gpu_plan"] == "1,1"
+
+
 def test_a_daemon_on_standby_holds_nothing_and_ends_unless_told_to_go(gs_home: Path) -> None:
     """`submit` starts the daemon before it reads the plan (its start overlaps the submit's own
     work): until told to go it has taken no lock, opened no database and written nothing, and

@@ -95,6 +95,18 @@ def test_resubmit_leaves_active_and_finished_jobs_alone_unless_rerun(store: Stor
     assert job is not None and job.state is JobState.QUEUED and job.tier == 0 and job.attempts == 1
 
 
+def test_resubmit_with_another_gpu_plan_replaces_it_and_says_what_it_was(store: Store) -> None:
+    """Mid-night, a GPU is wanted back: the same suite submitted again with a new --gpu-plan
+    places its queued jobs by that plan from now, and the submit says which plan it replaced."""
+    assert submit(store).plan_before is None  # a new suite: nothing replaced
+    assert submit(store).plan_before is None  # the same plan again: nothing changed
+    narrower = GpuPlan(gpus=(0, 1), slots=(2, 0))
+    r = store.submit(make_suite(), narrower, backend="subprocess", cwd="/p", env_path=None)
+    assert r.plan_before == "2,1 on GPUs 0,1" and r.queued == ()
+    row = store.suite("E1")
+    assert row is not None and row.gpu_plan == narrower
+
+
 def test_same_suite_name_from_another_directory_is_refused_while_active(store: Store) -> None:
     submit(store)
     with pytest.raises(UsageError, match="already active from /p"):
