@@ -327,10 +327,11 @@ def _submit(
     gplan = flags.parse_gpu_plan(gpu_plan_text, gpus=gpus, detected=detected)
     options: dict[str, Any] = {}
     if backend == "slurm":
-        options = {
-            "partition": args.partition,
-            "sbatch_args": list(args.sbatch_arg),
-            "max_queued": args.max_queued,
+        kept = before.options if before is not None and before.backend == "slurm" else {}
+        options = {  # each one not given again stays as the night has it
+            "partition": args.partition or kept.get("partition"),
+            "sbatch_args": list(args.sbatch_arg) or list(kept.get("sbatch_args") or ()),
+            "max_queued": args.max_queued or kept.get("max_queued"),
         }
         if args.gpu_plan or args.gpus:
             print(

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpusched.errors import GpuschedError
+from gpusched.store import Store
 from tests.conftest import run_cli
 from tests.helpers import retry_until
 
@@ -62,8 +63,15 @@ def status(project: Path) -> dict:  # type: ignore[type-arg]
 
 def test_suite_on_slurm_oom_requeue_error_cancel(gs_home: Path, project: Path) -> None:
     (project / "plans" / "sl.yaml").write_text(textwrap.dedent(PLAN))
-    run_cli("submit", "--suite", "sl", "--backend", "slurm", cwd=project, check=True)
+    run_cli("submit", "--suite", "sl", "--backend", "slurm", "--max-queued", "50", cwd=project, check=True)
     retry_until(lambda: status(project)["sl/slow"]["state"] == "running", timeout=60)
+    # submitted again during the night without its flags: still on Slurm, its --max-queued kept
+    again = json.loads(run_cli("submit", "--suite", "sl", "--json", cwd=project, check=True).stdout)
+    assert (again["backend"], again["queued"]) == ("slurm", [])
+    store = Store(gs_home / "gpusched.db", readonly=True)
+    row = store.suite("sl")
+    store.close()
+    assert row is not None and row.options["max_queued"] == 50
     slow = retry_until(
         lambda: (
             (status(project)["sl/slow"]["slurm"] or {}).get("state") == "RUNNING"
