@@ -367,6 +367,7 @@ def _submit(
                     "queued": list(result.queued),
                     "requeued": list(result.requeued),
                     "skipped": [list(s) for s in result.skipped],
+                    "updated": list(result.updated),
                     "plan_before": result.plan_before,
                     "gpu_plan": gplan.as_text(),
                     "gpus": list(gplan.gpus),
@@ -387,6 +388,9 @@ def _submit(
             states[st] = states.get(st, 0) + 1
         desc = ", ".join(f"{v} {k}" for k, v in states.items())
         print(f"  left as they are: {desc} (use --rerun to queue finished jobs again)")
+    if result.updated:
+        k = len(result.updated)
+        print(f"  {k} queued job{'s take' if k != 1 else ' takes'} the plan's edits (config, env, priority)")
     if result.plan_before is not None:
         print(
             f"  plan changed from {result.plan_before}: queued jobs are placed by this one from now;"

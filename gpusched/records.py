@@ -118,7 +118,8 @@ class AttemptRow(Struct, frozen=True, kw_only=True):
 class SubmitResult(Struct, frozen=True, kw_only=True):
     queued: tuple[str, ...]
     requeued: tuple[str, ...]  # finished jobs queued again (--rerun)
-    skipped: tuple[tuple[str, str], ...]  # (job id, its state) left as they were
+    skipped: tuple[tuple[str, str], ...]  # (job id, its state) not queued anew
+    updated: tuple[str, ...] = ()  # of those, queued jobs whose spec the plan submitted now changed
     #: the suite's GPU plan before this submit, as "1,1 on GPUs 0,1", when this one changed it
     plan_before: str | None = None
 

@@ -220,17 +220,21 @@ class Store:
         now: float | None = None,
     ) -> SubmitResult:
         """Enqueue every job of ``suite`` in ONE transaction: either all of them are queued
-        (or deliberately skipped) or nothing changes. Jobs already queued/running are left
-        alone; finished ones are queued again only with ``rerun``."""
+        (or deliberately skipped) or nothing changes. Jobs already running or finished are left
+        alone (finished ones are queued again only with ``rerun``); a job still queued takes
+        the plan as submitted now (an edited plan's config, env, priority), as the suite's
+        settings do: nothing of it has started."""
         now = time.time() if now is None else now
-        queued, requeued, skipped = [], [], []
+        queued, requeued, skipped, updated = [], [], [], []
         with self.tx():
             plan_before = self._upsert_suite(
                 suite, plan, backend=backend, cwd=cwd, env_path=env_path, options=options, now=now
             )
             existing = {
                 r["id"]: r
-                for r in self.db.execute("SELECT id, state FROM jobs WHERE suite = ?", (suite.name,))
+                for r in self.db.execute(
+                    "SELECT id, state, task, spec, priority FROM jobs WHERE suite = ?", (suite.name,)
+                )
             }
             for job in suite.jobs:
                 row = existing.get(job.id)
@@ -242,10 +246,34 @@ class Store:
                     requeued.append(job.id)
                 else:
                     skipped.append((job.id, row["state"]))
-            self._event(now, None, "submit", f"{suite.name}: {len(queued)} queued, {len(requeued)} requeued")
+                    if row["state"] == JobState.QUEUED.value and self._update_queued(row, job, now):
+                        updated.append(job.id)
+            self._event(
+                now,
+                None,
+                "submit",
+                f"{suite.name}: {len(queued)} queued, {len(requeued)} requeued, {len(updated)} updated",
+            )
         return SubmitResult(
-            queued=tuple(queued), requeued=tuple(requeued), skipped=tuple(skipped), plan_before=plan_before
+            queued=tuple(queued),
+            requeued=tuple(requeued),
+            skipped=tuple(skipped),
+            updated=tuple(updated),
+            plan_before=plan_before,
         )
+
+    def _update_queued(self, row: sqlite3.Row, job: JobSpec, now: float) -> bool:
+        """Give a queued job its spec as the plan has it now; True when that changed it."""
+        spec = codec.job_to_json(job)
+        if (row["spec"], row["task"], row["priority"]) == (spec, job.task, job.priority):
+            return False
+        self.db.execute(
+            "UPDATE jobs SET spec = ?, task = ?, priority = ?, updated_at = ?"
+            " WHERE id = ? AND state = 'queued'",
+            (spec, job.task, job.priority, now, job.id),
+        )
+        self._event(now, job.id, "updated", "the plan submitted again changed it")
+        return True
 
     def _upsert_suite(
         self,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import msgspec
 import pytest
 from msgspec.structs import asdict
 
@@ -105,6 +106,24 @@ def test_resubmit_with_another_gpu_plan_replaces_it_and_says_what_it_was(store: 
     assert r.plan_before == "2,1 on GPUs 0,1" and r.queued == ()
     row = store.suite("E1")
     assert row is not None and row.gpu_plan == narrower
+
+
+def test_resubmit_of_an_edited_plan_updates_the_queued_jobs_only(store: Store) -> None:
+    """A typo fixed in the plan and the suite submitted again: the jobs still queued take the
+    edit (the suite's own settings always did, a job's config did not); a running job keeps
+    what it was launched with."""
+    submit(store)
+    start(store, "E1/j0")
+    assert submit(store).updated == ()  # the same plan: nothing to update
+    edited = make_suite()
+    edited = msgspec.structs.replace(
+        edited, jobs=tuple(msgspec.structs.replace(j, config={**j.config, "lr": 2e-5}) for j in edited.jobs)
+    )
+    r = store.submit(edited, PLAN, backend="subprocess", cwd="/p", env_path=None)
+    assert r.updated == ("E1/j1", "E1/j2") and r.queued == ()
+    for job_id, lr in (("E1/j0", None), ("E1/j1", 2e-5), ("E1/j2", 2e-5)):
+        job = store.job(job_id)
+        assert job is not None and job.spec.config.get("lr") == lr, job_id
 
 
 def test_same_suite_name_from_another_directory_is_refused_while_active(store: Store) -> None:
