@@ -300,8 +300,8 @@ def _submit(
     from gpusched.executors.select import check_backend, default_backend
     from gpusched.gpus.select import make_probe
 
-    suite = plan.load_suite(args.suite, cwd=cwd, name=args.name)
-    suite = flags.select_jobs(suite, pairs=args.pairs, only=args.only)
+    whole = plan.load_suite(args.suite, cwd=cwd, name=args.name)
+    suite = flags.select_jobs(whole, pairs=args.pairs, only=args.only)
     before = _submitted_before(home, suite.name)  # what a flag left out stays as it was
     backend = check_backend(args.backend or (before.backend if before else None) or default_backend())
     detected = None
@@ -349,6 +349,14 @@ def _submit(
     result = store.submit(
         suite, gplan, backend=backend, cwd=str(cwd), env_path=str(env_path), options=options, rerun=args.rerun
     )
+    planned = {j.id for j in whole.jobs}
+    dropped = [  # queued from an earlier version of the plan, and no longer in it
+        job_id
+        for (job_id,) in store.db.execute(
+            "SELECT id FROM jobs WHERE suite = ? AND state = 'queued' ORDER BY seq", (suite.name,)
+        )
+        if job_id not in planned
+    ]
     # a repeated submit also brings back a daemon that died while the suite had work left
     unfinished = any(st in ("queued", "running") for _, st in result.skipped)
     wanted = result.queued or result.requeued or unfinished
@@ -368,6 +376,7 @@ def _submit(
                     "requeued": list(result.requeued),
                     "skipped": [list(s) for s in result.skipped],
                     "updated": list(result.updated),
+                    "not_in_plan": dropped,
                     "plan_before": result.plan_before,
                     "gpu_plan": gplan.as_text(),
                     "gpus": list(gplan.gpus),
@@ -391,6 +400,13 @@ def _submit(
     if result.updated:
         k = len(result.updated)
         print(f"  {k} queued job{'s take' if k != 1 else ' takes'} the plan's edits (config, env, priority)")
+    if dropped:
+        k = len(dropped)
+        named = ", ".join(dropped[:3]) + (f" and {k - 3} more (`submit --json` lists them)" if k > 3 else "")
+        print(
+            f"  {k} queued job{'s are' if k != 1 else ' is'} no longer in the plan and will still run: "
+            f"{named}; `gpusched cancel` drops {'them' if k != 1 else 'it'}"
+        )
     if result.plan_before is not None:
         print(
             f"  plan changed from {result.plan_before}: queued jobs are placed by this one from now;"

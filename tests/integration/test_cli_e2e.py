@@ -365,6 +365,16 @@ def test_a_repeated_submit_keeps_the_nights_plan_and_a_new_plan_replaces_it(
     )
     narrower = submit("--gpu-plan", "1,0")
     assert (narrower["plan_before"], narrower["backend"]) == ("2,1 on GPUs 0,1", "subprocess")
+    # seeds 5 and 6 taken out of the plan: their queued jobs would still run, and submit says so
+    write_plan(
+        project,
+        "t",
+        "command: sleep 60; echo {config}\nmatrix: {seed: [1, 2, 3, 4]}\njob: {name: 's{seed}'}\n",
+    )
+    queued = [
+        j["id"] for j in status(project)["jobs"] if j["state"] == "queued" and j["id"] in ("t/s5", "t/s6")
+    ]
+    assert queued and submit()["not_in_plan"] == queued
     run_cli("cancel", "--suite", "t", cwd=project, check=True)
     assert run_cli("wait", "--suite", "t", "--quiet", "--timeout", "60", cwd=project).returncode == 1
     fresh = json.loads(
