@@ -10,6 +10,7 @@ gpus/drain/daemon/simulate/report in :mod:`gpusched.cli_tools`, what they share 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -30,7 +31,7 @@ if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
     from gpusched.gpus import Probe
     from gpusched.home import Home
     from gpusched.model import GpuPlan, GpuState, Suite
-    from gpusched.records import SuiteRow
+    from gpusched.records import SubmitResult, SuiteRow
     from gpusched.store import Store
 
 
@@ -340,7 +341,7 @@ def _submit(
                 file=sys.stderr,
             )
     if args.dry_run:
-        return _print_dry_run(suite, gplan, backend, args.json)
+        return _print_dry_run(args, home, cwd, whole, suite, gplan, backend, options)
     env_path = home.suite_env(suite.name)
     from gpusched.store import Store
 
@@ -349,14 +350,7 @@ def _submit(
     result = store.submit(
         suite, gplan, backend=backend, cwd=str(cwd), env_path=str(env_path), options=options, rerun=args.rerun
     )
-    planned = {j.id for j in whole.jobs}
-    dropped = [  # queued from an earlier version of the plan, and no longer in it
-        job_id
-        for (job_id,) in store.db.execute(
-            "SELECT id FROM jobs WHERE suite = ? AND state = 'queued' ORDER BY seq", (suite.name,)
-        )
-        if job_id not in planned
-    ]
+    dropped = _not_in_plan(store, whole)
     # a repeated submit also brings back a daemon that died while the suite had work left
     unfinished = any(st in ("queued", "running") for _, st in result.skipped)
     wanted = result.queued or result.requeued or unfinished
@@ -368,22 +362,7 @@ def _submit(
         info = daemon.start(home, probe=probe_spec)
     daemon.wake(home)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "suite": suite.name,
-                    "queued": list(result.queued),
-                    "requeued": list(result.requeued),
-                    "skipped": [list(s) for s in result.skipped],
-                    "updated": list(result.updated),
-                    "not_in_plan": dropped,
-                    "plan_before": result.plan_before,
-                    "gpu_plan": gplan.as_text(),
-                    "gpus": list(gplan.gpus),
-                    "backend": backend,
-                }
-            )
-        )
+        print(json.dumps(_submit_doc(suite, gplan, backend, result, dropped)))
         return 0
     n = len(result.queued) + len(result.requeued)
     slots = gplan.total_slots
@@ -391,31 +370,69 @@ def _submit(
         f"{suite.name}: queued {n} job{'s' * (n != 1)} on GPUs {','.join(map(str, gplan.gpus))} "
         f"with plan {gplan.as_text()} ({slots} slot{'s' * (slots != 1)}), backend {backend}"
     )
+    _print_changes(result, dropped, dry=False)
+    if info and info.get("probe_notice"):
+        print(f"  {info['probe_notice']}")
+    print(f"  logs: {suite.logs_dir}/<job>/<attempt>-<tier>/output.log   watch: gpusched status --watch")
+    return 0
+
+
+def _not_in_plan(store: Store, whole: Suite) -> list[str]:
+    """The suite's queued jobs that ``whole`` (its plan as submitted now) no longer has: from an
+    earlier version of the plan, they still run unless cancelled."""
+    planned = {j.id for j in whole.jobs}
+    return [
+        job_id
+        for (job_id,) in store.db.execute(
+            "SELECT id FROM jobs WHERE suite = ? AND state = 'queued' ORDER BY seq", (whole.name,)
+        )
+        if job_id not in planned
+    ]
+
+
+def _submit_doc(
+    suite: Suite, gplan: GpuPlan, backend: str, result: SubmitResult, dropped: list[str]
+) -> dict[str, Any]:
+    return {
+        "suite": suite.name,
+        "queued": list(result.queued),
+        "requeued": list(result.requeued),
+        "skipped": [list(s) for s in result.skipped],
+        "updated": list(result.updated),
+        "not_in_plan": dropped,
+        "plan_before": result.plan_before,
+        "gpu_plan": gplan.as_text(),
+        "gpus": list(gplan.gpus),
+        "backend": backend,
+    }
+
+
+def _print_changes(result: SubmitResult, dropped: list[str], *, dry: bool) -> None:
+    """What a submit did (or, ``dry``, would do) to a suite already in the queue."""
     if result.skipped:
         states: dict[str, int] = {}
         for _, st in result.skipped:
             states[st] = states.get(st, 0) + 1
         desc = ", ".join(f"{v} {k}" for k, v in states.items())
-        print(f"  left as they are: {desc} (use --rerun to queue finished jobs again)")
+        hint = " (use --rerun to queue finished jobs again)" if states.keys() - {"queued", "running"} else ""
+        print(f"  left as they are: {desc}{hint}")
     if result.updated:
         k = len(result.updated)
-        print(f"  {k} queued job{'s take' if k != 1 else ' takes'} the plan's edits (config, env, priority)")
+        verb = "would take" if dry else "take" if k != 1 else "takes"
+        print(f"  {k} queued job{'s' * (k != 1)} {verb} the plan's edits (config, env, priority)")
     if dropped:
         k = len(dropped)
         named = ", ".join(dropped[:3]) + (f" and {k - 3} more (`submit --json` lists them)" if k > 3 else "")
         print(
-            f"  {k} queued job{'s are' if k != 1 else ' is'} no longer in the plan and will still run: "
-            f"{named}; `gpusched cancel` drops {'them' if k != 1 else 'it'}"
+            f"  {k} queued job{'s are' if k != 1 else ' is'} no longer in the plan and "
+            f"{'would' if dry else 'will'} still run: {named}; "
+            f"`gpusched cancel` drops {'them' if k != 1 else 'it'}"
         )
     if result.plan_before is not None:
         print(
-            f"  plan changed from {result.plan_before}: queued jobs are placed by this one from now;"
-            " running ones stay where they are"
+            f"  plan {'would change' if dry else 'changed'} from {result.plan_before}: queued jobs are placed"
+            f" by this one from {'then' if dry else 'now'}; running ones stay where they are"
         )
-    if info and info.get("probe_notice"):
-        print(f"  {info['probe_notice']}")
-    print(f"  logs: {suite.logs_dir}/<job>/<attempt>-<tier>/output.log   watch: gpusched status --watch")
-    return 0
 
 
 def _submitted_before(home: Home, name: str) -> SuiteRow | None:
@@ -437,20 +454,68 @@ def _submitted_before(home: Home, name: str) -> SuiteRow | None:
         store.close()
 
 
-def _print_dry_run(suite: Suite, gplan: GpuPlan, backend: str, as_json: bool) -> int:
+class _Undo(Exception):
+    """Raised to roll a dry run's submit back."""
+
+
+def _would_submit(
+    home: Home,
+    whole: Suite,
+    suite: Suite,
+    gplan: GpuPlan,
+    backend: str,
+    cwd: Path,
+    options: dict[str, Any],
+    rerun: bool,
+) -> tuple[SubmitResult, list[str]] | None:
+    """What ``submit`` would do to a suite already in the queue (None: it is not, so every job
+    would be queued): the submit itself, in a transaction rolled back."""
+    if not home.db.exists():
+        return None
+    from gpusched.store import Store
+
+    store = Store(home.db)
+    try:
+        if store.suite(suite.name) is None:
+            return None
+        seen: tuple[SubmitResult, list[str]] | None = None
+        with contextlib.suppress(_Undo), store.tx():
+            result = store.submit(
+                suite, gplan, backend=backend, cwd=str(cwd), env_path=None, options=options, rerun=rerun
+            )
+            seen = result, _not_in_plan(store, whole)
+            raise _Undo
+        return seen
+    finally:
+        store.close()
+
+
+def _print_dry_run(
+    args: argparse.Namespace,
+    home: Home,
+    cwd: Path,
+    whole: Suite,
+    suite: Suite,
+    gplan: GpuPlan,
+    backend: str,
+    options: dict[str, Any],
+) -> int:
+    seen = _would_submit(home, whole, suite, gplan, backend, cwd, options, args.rerun)
     names = [j.name for j in suite.jobs]
-    if as_json:
-        print(
-            json.dumps({"suite": suite.name, "jobs": names, "gpu_plan": gplan.as_text(), "backend": backend})
-        )
-    else:
-        print(
-            f"{suite.name}: would queue {len(names)} jobs, plan {gplan.as_text()} on GPUs "
-            f"{','.join(map(str, gplan.gpus))}, backend {backend}, tiers "
-            + " -> ".join(t.name for t in suite.tiers)
-        )
-        for n in names:
-            print(f"  {suite.name}/{n}")
+    if args.json:
+        doc = {"suite": suite.name, "jobs": names, "gpu_plan": gplan.as_text(), "backend": backend}
+        print(json.dumps({**doc, **(_submit_doc(suite, gplan, backend, *seen) if seen else {})}))
+        return 0
+    new = [*seen[0].queued, *seen[0].requeued] if seen else [f"{suite.name}/{n}" for n in names]
+    print(
+        f"{suite.name}: would queue {len(new)} job{'s' * (len(new) != 1)}, plan {gplan.as_text()} on GPUs "
+        f"{','.join(map(str, gplan.gpus))}, backend {backend}, tiers "
+        + " -> ".join(t.name for t in suite.tiers)
+    )
+    for job_id in new:
+        print(f"  {job_id}")
+    if seen:
+        _print_changes(*seen, dry=True)
     return 0
 
 

@@ -365,12 +365,20 @@ def test_a_repeated_submit_keeps_the_nights_plan_and_a_new_plan_replaces_it(
     )
     narrower = submit("--gpu-plan", "1,0")
     assert (narrower["plan_before"], narrower["backend"]) == ("2,1 on GPUs 0,1", "subprocess")
-    # seeds 5 and 6 taken out of the plan: their queued jobs would still run, and submit says so
+    # seeds 5 and 6 taken out of the plan, 7 added: the queued 5 and 6 would still run, and
+    # submit says so; --dry-run says what it would do without doing it
     write_plan(
         project,
         "t",
-        "command: sleep 60; echo {config}\nmatrix: {seed: [1, 2, 3, 4]}\njob: {name: 's{seed}'}\n",
+        "command: sleep 60; echo {config}\nmatrix: {seed: [1, 2, 3, 4, 7]}\njob: {name: 's{seed}'}\n",
     )
+    dry = run_cli("submit", "--suite", "t", "--dry-run", cwd=project, env=FAKE, check=True).stdout
+    assert dry.splitlines()[:2] == [
+        "t: would queue 1 job, plan 1,0 on GPUs 0,1, backend subprocess, tiers A -> B -> C -> D",
+        "  t/s7",
+    ], dry
+    assert "no longer in the plan and would still run" in dry
+    assert "t/s7" not in by_id(status(project))  # nothing queued by the dry run
     queued = [
         j["id"] for j in status(project)["jobs"] if j["state"] == "queued" and j["id"] in ("t/s5", "t/s6")
     ]
