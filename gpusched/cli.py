@@ -21,7 +21,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from gpusched import __version__
-from gpusched.cli_common import _home, _probe_spec, _store, daemon_probe_spec, known_suite, terminal
+from gpusched.cli_common import (
+    _home,
+    _probe_spec,
+    _store,
+    daemon_probe_spec,
+    known_suite,
+    probe_source,
+    refuse_another_probe,
+    terminal,
+)
 from gpusched.cli_jobs import cmd_attach, cmd_cancel, cmd_logs, cmd_retry, cmd_wait
 from gpusched.cli_tools import cmd_daemon, cmd_drain, cmd_gpus, cmd_report, cmd_simulate
 from gpusched.errors import GpuschedError, UsageError
@@ -283,6 +292,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     home = _home()
     daemon.check_env()  # before anything is queued: the daemon this may start reads these
     probe_spec = _probe_spec(args.fake_gpus)
+    refuse_another_probe(daemon.info(home), probe_spec, probe_source(args.fake_gpus))
     # When no daemon runs, one starts now on standby: its start overlaps reading and queueing
     # the suite, and it exits unseen should this submit be refused or queue nothing.
     starting = None if args.dry_run else daemon.prestart(home, probe=probe_spec)

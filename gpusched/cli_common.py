@@ -46,6 +46,34 @@ def daemon_probe_spec(info: dict[str, Any] | None) -> str | None:
     return _probe_spec(None)
 
 
+def probe_source(fake: str | None, probe: str | None = None) -> str:
+    """How a probe was asked for, as the user wrote it: for :func:`refuse_another_probe`."""
+    if probe:
+        return f"--probe {probe}"
+    if fake:
+        return f"--fake-gpus {fake}"
+    return f"GPUSCHED_FAKE_GPUS={os.environ.get('GPUSCHED_FAKE_GPUS', '')}"
+
+
+def refuse_another_probe(info: dict[str, Any] | None, requested: str | None, source: str) -> None:
+    """UsageError when a probe was asked for (``requested``, from ``source``) and the daemon
+    already running (``daemon.info``) places jobs with another: its GPUs, not those asked
+    for, would be the ones the jobs get."""
+    if not requested or not info or not info.get("ready"):
+        return
+    want = requested.strip().lower()
+    spec, name = str(info.get("probe_spec") or "").strip(), str(info.get("probe") or "")
+    if want == spec.lower() or (not want.startswith("fake") and want == name):
+        return
+    flag = source.split()[0]
+    instead = "unset GPUSCHED_FAKE_GPUS" if flag.startswith("GPUSCHED_") else f"leave {flag} out"
+    raise UsageError(
+        f"{source}: the daemon already running (pid {info.get('pid')}) places jobs with probe "
+        f"'{spec or name}', not '{requested}'; stop it with `gpusched daemon stop` (its jobs keep "
+        f"running) and try again, or {instead}"
+    )
+
+
 def known_suite(store: Store, name: str) -> str:
     """``name`` when a suite of that name was submitted; else UsageError, with the nearest."""
     names = [r[0] for r in store.db.execute("SELECT name FROM suites ORDER BY submitted_at")]

@@ -11,7 +11,16 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpusched.cli_common import _home, _probe_spec, _store, daemon_probe_spec, known_suite, terminal
+from gpusched.cli_common import (
+    _home,
+    _probe_spec,
+    _store,
+    daemon_probe_spec,
+    known_suite,
+    probe_source,
+    refuse_another_probe,
+    terminal,
+)
 from gpusched.errors import UsageError
 
 if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
@@ -214,6 +223,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     if args.action == "run":
         return daemon.run(home, probe_spec=probe, standby=args.standby)
     if args.action == "start":
+        refuse_another_probe(daemon.info(home), probe, probe_source(args.fake_gpus, args.probe))
         info = daemon.start(home, probe=probe)
         print(f"daemon running (pid {info.get('pid')}, probe {info.get('probe')})")
         return 0

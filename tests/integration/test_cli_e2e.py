@@ -335,6 +335,16 @@ def test_submit_checks_the_gpus_against_the_running_daemons_probe(gs_home: Path,
     assert r.returncode == 2 and "GPU 2 does not exist: this machine has 2 GPUs (0-1)" in r.stderr, r.stderr
     r = run_cli("submit", "--suite", "t", "--dry-run", cwd=project, check=True)
     assert "plan 1,1 on GPUs 0,1" in r.stdout, r.stdout
+    # other GPUs asked for than the daemon's: refused, one line (the daemon's would be the ones used)
+    for args, env, fix in (
+        (("daemon", "start", "--fake-gpus", "4x80GiB"), {}, "leave --fake-gpus out"),
+        (("submit", "--suite", "t", "--fake-gpus", "4x80GiB"), {}, "leave --fake-gpus out"),
+        (("submit", "--suite", "t"), {"GPUSCHED_FAKE_GPUS": "4x80GiB"}, "unset GPUSCHED_FAKE_GPUS"),
+    ):
+        r = run_cli(*args, cwd=project, env=env)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert "places jobs with probe 'fake:2x24GiB', not 'fake:4x80GiB'" in r.stderr and fix in r.stderr
+    run_cli("daemon", "start", "--fake-gpus", "2x24GiB", cwd=project, check=True)  # the same: fine
     assert status(project)["jobs"] == []
 
 
