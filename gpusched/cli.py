@@ -228,9 +228,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         s.add_argument(
             "--suite", required=True, help="plans/NAME.yaml (by NAME) or a path: its tiers and jobs"
         )
-        s.add_argument("--gpu-plan", required=True, help="max concurrent jobs per GPU, e.g. 2,2,2,2,1,1,1")
+        s.add_argument(
+            "--gpu-plan",
+            help="max concurrent jobs per GPU, e.g. 2,2,2,2,1,1,1 (default: the suite's last plan here)",
+        )
         s.add_argument("--gpus", help="GPU indices the plan refers to (default 0..n-1)")
-        s.add_argument("--fake-gpus", help="the simulated cards, e.g. 7x24GiB (default: 24 GiB each)")
+        s.add_argument(
+            "--fake-gpus",
+            help="the simulated cards, e.g. 7x24GiB (default: the cards the probe sees, else 24 GiB each)",
+        )
         s.add_argument(
             "--trace",
             help='JSON/YAML: {"jobs": [{"name", "task", "peak_mib", "duration_s",'

@@ -24,7 +24,7 @@ from gpusched.cli_common import (
 from gpusched.errors import UsageError
 
 if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
-    from gpusched.model import Suite
+    from gpusched.model import GpuPlan, Suite
 
 
 def cmd_gpus(args: argparse.Namespace) -> int:
@@ -113,11 +113,25 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from gpusched.gpus.fake import parse_fake_spec
 
     suite = plan.load_suite(args.suite, cwd=Path.cwd())
-    entries = len([e for e in args.gpu_plan.split(",") if e.strip()])
     gpus = flags.parse_gpus(args.gpus, detected=None)
-    cards = f"{max(gpus or (entries - 1,)) + 1}x24GiB"
-    totals = parse_fake_spec(args.fake_gpus or cards, source="--fake-gpus")
-    gplan = flags.parse_gpu_plan(args.gpu_plan, gpus=gpus, detected=len(totals))
+    plan_text = args.gpu_plan
+    if plan_text is None and gpus is not None:
+        plan_text = ",".join("1" for _ in gpus)  # as submit: one job a GPU named
+    elif plan_text is None:
+        ran = _last_plan(suite.name)
+        if ran is None:
+            raise UsageError(
+                f"--gpu-plan: give the plan to simulate, e.g. --gpu-plan 2,2,2,2 (suite {suite.name} has not "
+                "run in this queue, so there is no plan of its to replay)"
+            )
+        plan_text, gpus = ran.as_text(), ran.gpus
+    entries = len([e for e in plan_text.split(",") if e.strip()])
+    needed = max(gpus or (entries - 1,)) + 1
+    if args.fake_gpus:
+        totals, cards = parse_fake_spec(args.fake_gpus, source="--fake-gpus"), "as --fake-gpus gives them"
+    else:
+        totals, cards = _probed_cards(needed)
+    gplan = flags.parse_gpu_plan(plan_text, gpus=gpus, detected=len(totals))
     names = sim.POLICIES if args.policy == "all" else (args.policy,)
     if any(n not in sim.POLICIES for n in names):
         raise UsageError(f"--policy {args.policy}: use one of {', '.join(sim.POLICIES)}, or all")
@@ -144,8 +158,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return 0
     first = results[0]
     print(
-        f"{suite.name}: {first.jobs} jobs on {len(totals)} simulated GPUs, plan {gplan.as_text()}; "
-        f"lower bound {first.lower_bound_s / 3600:.2f} h"
+        f"{suite.name}: {first.jobs} jobs on {len(totals)} simulated GPUs ({_sizes(totals)}, {cards}), "
+        f"plan {gplan.as_text()}; lower bound {first.lower_bound_s / 3600:.2f} h"
     )
     if figures:
         print(figures)
@@ -159,6 +173,47 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print("history: none (--cold): every peak and run time unknown at the start, as on a first night")
     print(sim.format_table(results))
     return 0
+
+
+def _last_plan(name: str) -> GpuPlan | None:
+    """The GPU plan suite ``name`` last ran with in this queue (None: it has not, or on Slurm)."""
+    from gpusched.home import Home
+
+    db = Home.from_env().db
+    if not db.exists():
+        return None
+    from gpusched.store import Store
+
+    store = Store(db, readonly=True)
+    try:
+        row = store.suite(name)
+    finally:
+        store.close()
+    return row.gpu_plan if row is not None and row.backend != "slurm" else None
+
+
+def _probed_cards(needed: int) -> tuple[tuple[int, ...], str]:
+    """The simulated cards where ``--fake-gpus`` does not give them: those the GPU probe sees
+    (the running daemon's), so that a night of 80 GiB cards is not replayed on 24 GiB ones;
+    ``needed`` cards of 24 GiB where it sees none. With where they came from."""
+    from gpusched import daemon
+    from gpusched.gpus.select import make_probe
+    from gpusched.home import Home
+
+    seen = make_probe(daemon_probe_spec(daemon.info(Home.from_env()))).snapshot()  # (creating nothing)
+    if seen:
+        cards = tuple(g.total_mib or 24 << 10 for g in sorted(seen, key=lambda g: g.index))
+        return cards, "as the probe sees them"
+    return (24 << 10,) * needed, "no GPU seen: --fake-gpus to change"
+
+
+def _sizes(totals: tuple[int, ...]) -> str:
+    """``(24576, 24576, 81920)`` -> "2 x 24 GiB, 1 x 80 GiB"."""
+    from itertools import groupby
+
+    from gpusched.views import gib
+
+    return ", ".join(f"{len(list(run))} x {gib(mib)} GiB" for mib, run in groupby(totals))
 
 
 def _load_trace(path: str, sim: Any) -> Any:

@@ -213,6 +213,17 @@ def test_bad_report_requests(night: Night, args: list[str], needle: str) -> None
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+def test_simulate_without_a_plan_to_replay_asks_for_one(tmp_path: Path) -> None:
+    """A suite that never ran in this queue has no plan to replay: one line, exit 2."""
+    env = {"GPUSCHED_HOME": str(tmp_path / "home"), "GPUSCHED_FAKE_GPUS": "2x24GiB"}
+    r = run_cli("simulate", "--suite", "demo", cwd=ROOT, env=env)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "--gpu-plan: give the plan to simulate" in r.stderr and "suite demo has not run" in r.stderr
+    r = run_cli("simulate", "--suite", "demo", "--gpus", "0,1", cwd=ROOT, env=env)  # one job a GPU named
+    assert r.returncode == 0 and "plan 1,1;" in r.stdout, r.stderr
+    assert not (tmp_path / "home").exists()  # a what-if creates no queue, nor its folder
+
+
 def test_report_with_no_suite_yet(tmp_path: Path) -> None:
     env = {"GPUSCHED_HOME": str(tmp_path / "empty")}
     r = run_cli("report", cwd=tmp_path, env={**env, "PATH": os.environ["PATH"]})
@@ -224,8 +235,9 @@ def test_simulate_replays_the_night_with_the_figures_it_measured(night: Night, t
     sst2's peaks and run times, big's tier C where it ran and, at tiers A and B where it only
     OOMed, at least what the OOMs saw; `broken` never finished, so its figures are made up."""
     out = tmp_path / "night.json"
-    r = night.cli("simulate", "--suite", "t", "--gpu-plan", "2,1", "--trace-out", str(out))
+    r = night.cli("simulate", "--suite", "t", "--trace-out", str(out))  # the night's plan, 2,1
     assert r.returncode == 0, r.stderr
+    assert "4 jobs on 2 simulated GPUs (2 x 24.0 GiB, as the probe sees them), plan 2,1;" in r.stdout
     assert (
         "figures: measured for 2 task(s), from 3 finished run(s) in this queue; made up for broken"
         in r.stdout
