@@ -153,6 +153,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             metavar="KEY,...",
             help="JSON with only these keys in each job entry (implies --json), e.g. id,state,peak_mib",
         )
+        s.add_argument(
+            "--state",
+            metavar="STATE,...",
+            help="only jobs in these states, e.g. failed or queued,running",
+        )
+        s.add_argument(
+            "--all", action="store_true", help="every job in the table (else 40, running and failed first)"
+        )
         s.add_argument("--watch", action="store_true", help="live dashboard until Ctrl-C")
         s.add_argument("--interval", type=_at_least(0.1, float), default=1.0, help=argparse.SUPPRESS)
         s.set_defaults(func=cmd_status)
@@ -555,7 +563,14 @@ def _status_sources(args: argparse.Namespace) -> tuple[list[GpuState], dict[str,
         if info:
             info = _with_stall(home, info, now)
     gpus, notice = seen
-    return gpus, {"daemon": info, "suite": args.suite, "notice": notice, "running": _add_slurm_details}
+    states = _states(args.state) if getattr(args, "state", None) is not None else None
+    return gpus, {
+        "daemon": info,
+        "suite": args.suite,
+        "notice": notice,
+        "running": _add_slurm_details,
+        "states": states,
+    }
 
 
 #: A daemon that has not finished a tick for this long is stalled (a tick takes milliseconds;
@@ -628,17 +643,36 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     from gpusched.views import MAX_TABLE_JOBS, format_status
 
-    rows = MAX_TABLE_JOBS  # read only the rows the table shows: a 10k-job store costs what 40 jobs cost
+    # read only the rows the table shows: a 10k-job store costs what 40 jobs cost
+    rows = None if args.all else MAX_TABLE_JOBS
+    states = _states(args.state) if args.state is not None else None
+    show = functools.partial(format_status, max_jobs=rows, states=states)
     width, color = terminal()
     if not args.watch:
-        print(format_status(_status_doc(args, store, table_rows=rows), width=width, color=color))
+        print(show(_status_doc(args, store, table_rows=rows), width=width, color=color))
         return 0
     while True:  # a dashboard: the screen redrawn every --interval seconds until Ctrl-C
-        text = format_status(_status_doc(args, store, rows), width=width, color=color)
+        text = show(_status_doc(args, store, rows), width=width, color=color)
         sys.stdout.write(("\x1b[H\x1b[2J" if sys.stdout.isatty() else "\n") + text + "\n")
         sys.stdout.flush()
         time.sleep(args.interval)
         width, _ = terminal()
+
+
+def _states(text: str) -> list[str]:
+    """``--state failed,queued``: job states, each a real one."""
+    from gpusched.errors import did_you_mean
+    from gpusched.model import JobState
+
+    known = [s.value for s in JobState]
+    states = [s.strip() for s in text.split(",") if s.strip()]
+    if not states:
+        raise UsageError(f"status --state: no state given; the states are {', '.join(known)}")
+    for s in states:
+        if s not in known:
+            hint = did_you_mean(s, known) or f"; the states are {', '.join(known)}"
+            raise UsageError(f"status --state: no job state '{s}'{hint}")
+    return list(dict.fromkeys(states))
 
 
 def _entry_fields(text: str) -> list[str]:

@@ -14,7 +14,7 @@ import os
 import time
 import unicodedata
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, TextIO
 
 from msgspec.structs import asdict
@@ -88,6 +88,7 @@ def status(
     table_rows: int | None = None,
     running: RunningHook | None = None,
     fields: Sequence[str] | None = None,
+    states: Collection[str] | None = None,
 ) -> Status:
     """The whole status. ``jobs`` lists every job in submission order, or with ``table_rows``
     only that many, the ones the table shows first (running, failed, queued, cancelled,
@@ -96,14 +97,16 @@ def status(
     ``running`` completes the entries of running jobs (the CLI adds the Slurm state of Slurm
     attempts). ``fields`` (keys of :data:`status_rows.ENTRY_FIELDS`, valid ones) narrows each
     job entry to those keys, in that order; without a prediction among them, queued jobs'
-    predictions are not made at all."""
+    predictions are not made at all. ``states``: only jobs in these, listed state by state
+    in the table's order."""
     now = time.time() if now is None else now
     suites = {s.name: s for s in store.suites()}
     tier_names = {name: [t.name for t in s.suite.tiers] for name, s in suites.items()}
     keys = tuple(status_rows.ENTRY_FIELDS) if fields is None else tuple(fields)
     predict = bool(status_rows.PREDICTION_FIELDS.intersection(keys))
     rows: list[tuple[str, str | None, str]] = []
-    for state in (None,) if table_rows is None else TABLE_ORDER:
+    order = (None,) if table_rows is None and states is None else TABLE_ORDER
+    for state in [s for s in order if states is None or s in states]:
         limit = None if table_rows is None else table_rows - len(rows)
         if limit == 0:
             break
@@ -373,7 +376,12 @@ FOLDED_MIN = 6
 
 
 def format_status(
-    doc: dict[str, Any], *, width: int | None = 80, color: bool = False, max_jobs: int = MAX_TABLE_JOBS
+    doc: dict[str, Any],
+    *,
+    width: int | None = 80,
+    color: bool = False,
+    max_jobs: int | None = MAX_TABLE_JOBS,
+    states: Collection[str] | None = None,
 ) -> str:
     """The status as text for a terminal ``width`` columns wide (None: as wide as the tables
     are, one line a row): daemon line, GPU table, job table, with ANSI colours when ``color``.
@@ -417,12 +425,14 @@ def format_status(
     if doc["gpus"]:
         heads = ["GPU", "memory used / total GiB", "free GiB", "util", "slots", "outside processes"]
         out += _table("GPUs", heads, [_gpu_cells(g) for g in doc["gpus"]], width, paint)
-    total = sum(doc["counts"].values())
+    counts = {k: n for k, n in doc["counts"].items() if states is None or k in states}
+    total = sum(counts.values())
     shown = _pick_rows(doc["jobs"], max_jobs)
     heads = ["job", "state", "GPU", "tier", "attempt", "runtime", "memory GiB", "outcome / why / last line"]
-    out += _table(f"Jobs ({total})", heads, [_job_cells(j) for j in shown], width, paint, fold_last=0)
+    title = f"Jobs ({total})" if states is None else f"Jobs ({total} {', '.join(states)})"
+    out += _table(title, heads, [_job_cells(j) for j in shown], width, paint, fold_last=0)
     if len(shown) < total:
-        out.append(paint(f"... {_hidden(doc['counts'], shown)} (use --json or --suite)", "dim"))
+        out.append(paint(f"... {_hidden(counts, shown)} (use --all, --state STATE or --suite)", "dim"))
     return "\n".join(out)
 
 
@@ -614,10 +624,11 @@ def memory_cell(j: dict[str, Any]) -> str:
     return gib(peak) if peak is not None else ""
 
 
-def _pick_rows(jobs: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
-    """Running and failed jobs first, then queued, then the rest, up to ``n`` rows."""
+def _pick_rows(jobs: list[dict[str, Any]], n: int | None) -> list[dict[str, Any]]:
+    """Running and failed jobs first, then queued, then the rest, up to ``n`` rows (None: all)."""
     order = {state: k for k, state in enumerate(TABLE_ORDER)}
-    return sorted(jobs, key=lambda j: order.get(j["state"], 9))[:n] if len(jobs) > n else jobs
+    ranked = sorted(jobs, key=lambda j: order.get(j["state"], 9))  # (stable: in submission order within)
+    return ranked if n is None else ranked[:n]
 
 
 def _dur(s: float | None) -> str:

@@ -314,6 +314,37 @@ def test_status_into_a_pipe_keeps_each_job_on_one_line(tmp_path: Path) -> None:
     assert next(ln for ln in rows if "E1/0-qnli" in ln).split("│")[2].strip() == "succeeded"
 
 
+def test_state_picks_the_jobs_shown_and_all_lifts_the_tables_cap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``status --state queued`` shows only those (the table otherwise shows 40 jobs, running
+    and failed first, and sums the rest up); ``--all`` lists every one; the JSON narrows alike."""
+    from gpusched import cli, views
+
+    box = busy_box(tmp_path)  # 1 succeeded, 1 running, 16 queued
+    box.store.close()
+    (tmp_path / "home").mkdir()
+    (tmp_path / "gs.db").rename(tmp_path / "home" / "gpusched.db")
+    monkeypatch.setenv("GPUSCHED_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setattr(views, "MAX_TABLE_JOBS", 5)
+
+    def rows(*argv: str) -> list[str]:
+        assert cli.main(["status", *argv]) == 0
+        out = capsys.readouterr().out
+        return [ln.split("│")[2].strip() for ln in out.splitlines() if ln.startswith("│ E1/")]
+
+    assert rows() == ["running", "queued", "queued", "queued", "queued"]  # capped, running first
+    assert rows("--state", "queued") == ["queued"] * 5
+    assert rows("--state", "succeeded,running") == ["running", "succeeded"]
+    assert sorted(rows("--all")) == sorted(["succeeded", "running"] + ["queued"] * 16)
+    assert rows("--all", "--state", "queued") == ["queued"] * 16
+    assert cli.main(["status", "--state", "queued"]) == 0
+    assert "... 11 more jobs: 11 queued (use --all" in capsys.readouterr().out
+    assert cli.main(["status", "--json", "--state", "succeeded,failed"]) == 0
+    assert [j["id"] for j in json.loads(capsys.readouterr().out)["jobs"]] == ["E1/0-qnli"]
+
+
 BAD_OPTIONS = [
     (["logs", "E1/0-qnli", "-n", "-3"], "argument -n/--lines: '-3' is not a whole number >= 0"),
     (["report", "--top", "-2"], "argument --top: '-2' is not a whole number >= 0"),
@@ -324,6 +355,8 @@ BAD_OPTIONS = [
         "argument --max-queued: '0' is not a whole number >= 1",
     ),
     (["status", "--suite", "E1x"], "--suite E1x: no such suite (did you mean 'E1'?)"),
+    (["status", "--state", "runing"], "status --state: no job state 'runing' (did you mean 'running'?)"),
+    (["status", "--json", "--state", ","], "status --state: no state given; the states are queued,"),
     (["status", "--json", "--suite", "E1x"], "--suite E1x: no such suite (did you mean 'E1'?)"),
     (["wait", "--suite", "E1x"], "--suite E1x: no such suite (did you mean 'E1'?)"),
     (["cancel", "--suite", "E1x"], "--suite E1x: no such suite (did you mean 'E1'?)"),
