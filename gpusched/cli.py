@@ -182,6 +182,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         s = sub.add_parser("cancel", help="cancel jobs (queued ones at once, running ones by SIGTERM)")
         s.add_argument("jobs", nargs="*", help="job ids or patterns, e.g. E1/87-glue-tvt_qnli or 'E1/88-*'")
         s.add_argument("--suite", help="cancel every unfinished job of a suite")
+        s.add_argument(
+            "--queued", action="store_true", help="only those not started yet: the running ones finish"
+        )
         s.set_defaults(func=cmd_cancel)
 
     if want("retry"):

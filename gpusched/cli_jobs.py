@@ -179,13 +179,17 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     from gpusched import daemon
 
     store = _store()
+    wanted = ["queued"] if args.queued else ["queued", "running"]
     if args.suite:
-        ids = [j.id for j in store.jobs(suite=known_suite(store, args.suite), states=["queued", "running"])]
+        ids = [j.id for j in store.jobs(suite=known_suite(store, args.suite), states=wanted)]
     elif args.jobs:
         ids = resolve_jobs(store, args.jobs)
+        if args.queued:  # (one query: a pattern may name thousands)
+            queued = {j.id for j in store.jobs(states=wanted)}
+            ids = [i for i in ids if i in queued]
     else:
         raise UsageError("cancel what? name jobs (E1/87-glue-tvt_qnli, 'E1/88-*') or --suite NAME")
-    result = store.request_cancel(ids)
+    result = store.request_cancel(ids, queued_only=args.queued)
     daemon.wake(_home())
     counts: dict[str, int] = {}
     for v in result.values():

@@ -636,9 +636,13 @@ class Store:
 
     # ------------------------------------------------------------------ user requests
 
-    def request_cancel(self, job_ids: Sequence[str], *, now: float | None = None) -> dict[str, str]:
-        """Cancel: queued jobs end at once; running ones are flagged for the daemon to stop.
-        Returns job id -> what happened ('cancelled', 'stopping', or 'already <state>')."""
+    def request_cancel(
+        self, job_ids: Sequence[str], *, now: float | None = None, queued_only: bool = False
+    ) -> dict[str, str]:
+        """Cancel: queued jobs end at once; running ones are flagged for the daemon to stop
+        (with ``queued_only``, left to finish: 'started meanwhile', where one was launched since
+        the caller looked). Returns job id -> what happened ('cancelled', 'stopping', or
+        'already <state>')."""
         now = time.time() if now is None else now
         out: dict[str, str] = {}
         with self.tx():
@@ -658,6 +662,8 @@ class Store:
                     )
                     self._event(now, job_id, "cancel", "cancelled while queued")
                     out[job_id] = "cancelled"
+                elif state is JobState.RUNNING and queued_only:
+                    out[job_id] = "started meanwhile, left to finish"
                 elif state is JobState.RUNNING:
                     self.db.execute(
                         "UPDATE jobs SET cancel_requested = 1, updated_at = ? WHERE id = ?", (now, job_id)

@@ -150,6 +150,12 @@ def test_cancel_a_running_job_and_a_queued_one(gs_home: Path, project: Path) -> 
     )
     retry_until(lambda: any(j["state"] == "running" for j in status(project)["jobs"]), timeout=30)
     running = next(j["id"] for j in status(project)["jobs"] if j["state"] == "running")
+    # --queued: the ones not started end, the running one is left to finish
+    r = run_cli("cancel", "--suite", "slow", "--queued", cwd=project)
+    assert r.returncode == 0 and r.stdout.strip() == "5 cancelled", r.stdout
+    assert [j["id"] for j in status(project, "--state", "running")["jobs"]] == [running]
+    assert not by_id(status(project))[running]["cancel_requested"]
+    run_cli("retry", "slow/*", cwd=project, check=True)  # (the five queued again)
     r = run_cli("cancel", "--suite", "slow", cwd=project)
     assert r.returncode == 0 and "1 stopping" in r.stdout and "5 cancelled" in r.stdout
     retry_until(lambda: by_id(status(project))[running]["state"] == "cancelled", timeout=30)

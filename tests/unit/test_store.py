@@ -126,6 +126,17 @@ def test_resubmit_of_an_edited_plan_updates_the_queued_jobs_only(store: Store) -
         assert job is not None and job.spec.config.get("lr") == lr, job_id
 
 
+def test_cancel_queued_only_leaves_a_job_that_started_meanwhile_running(store: Store) -> None:
+    """`cancel --queued` read j0 queued, the daemon launched it before the cancel: it is left
+    to finish (not SIGTERMed), and the answer says so."""
+    submit(store)
+    start(store, "E1/j0")
+    said = store.request_cancel(["E1/j0", "E1/j1"], queued_only=True)
+    assert said == {"E1/j0": "started meanwhile, left to finish", "E1/j1": "cancelled"}
+    j0 = store.job("E1/j0")
+    assert j0 is not None and j0.state is JobState.RUNNING and not j0.cancel_requested
+
+
 def test_same_suite_name_from_another_directory_is_refused_while_active(store: Store) -> None:
     submit(store)
     with pytest.raises(UsageError, match="already active from /p"):
