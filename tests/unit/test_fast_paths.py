@@ -270,7 +270,9 @@ def test_the_status_table_reads_only_the_rows_it_shows(tmp_path) -> None:  # typ
     assert len(full["jobs"]) == 300 and len(table["jobs"]) == MAX_TABLE_JOBS
     assert table["counts"] == full["counts"] and table["gpus"] == full["gpus"]
     text = format_status(table, width=200)
-    assert "Jobs (300)" in text and "260 more jobs: 260 cancelled (use --json or --suite)" in text
+    assert (
+        "Jobs (300)" in text and "260 more jobs: 260 cancelled (use --all, --state STATE or --suite)" in text
+    )
 
 
 def test_rows_are_frozen_records_and_a_column_they_do_not_know_is_an_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
