@@ -99,7 +99,7 @@ def _summary(rep: SuiteReport) -> Any:
     lost_pct = 100 * rep.lost_gpu_hours / rep.gpu_hours if rep.gpu_hours else 0.0
     t.append(f"\n{gpu_time(rep.gpu_hours)} used, ")
     t.append(
-        f"{gpu_time(rep.lost_gpu_hours)} lost ({lost_pct:.0f} %)",
+        f"{gpu_time(rep.lost_gpu_hours, like=rep.gpu_hours)} lost ({lost_pct:.0f} %)",
         style="bold red" if rep.lost_gpu_hours else "",
     )
     t.append(" to attempts that did not end ok and were not resumed", style="dim")
@@ -162,8 +162,8 @@ def _job_table(rep: SuiteReport) -> Any:
 def _slowest_table(rep: SuiteReport, top: int) -> Any:
     from rich.table import Table
 
-    t = Table(title=f"Slowest jobs (first start -> last end, top {top})", title_justify="left")
-    for col in ("job", "span", "attempts", "tier", "state"):
+    t = Table(title=f"Slowest jobs (top {top})", title_justify="left")  # (a title wraps at the table's width)
+    for col in ("job", "first start -> last end", "attempts", "tier", "state"):
         t.add_column(col)
     for j in rep.slowest(top):
         t.add_row(j.id, duration(j.span_s), str(j.attempts), j.tier or "", j.state)
@@ -184,11 +184,13 @@ def _failing_table(rep: SuiteReport) -> Any:
     return t
 
 
-def gpu_time(hours: float) -> str:
-    """``12.3 GPU-h``, ``0.52 GPU-h``, or ``2.5 GPU-min`` below a tenth of an hour."""
-    if hours >= 10:
+def gpu_time(hours: float, *, like: float | None = None) -> str:
+    """``12.3 GPU-h``, ``0.52 GPU-h``, or ``2.5 GPU-min`` below a tenth of an hour; in the
+    unit ``like`` would be written in, where given (a part beside its whole)."""
+    ref = hours if like is None else like
+    if ref >= 10:
         return f"{hours:.1f} GPU-h"
-    if hours >= 0.1 or hours == 0:
+    if ref >= 0.1 or ref == 0:
         return f"{hours:.2f} GPU-h"
     return f"{hours * 60:.1f} GPU-min"
 

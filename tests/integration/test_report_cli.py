@@ -8,6 +8,7 @@ import csv
 import io
 import json
 import os
+import re
 import sys
 import textwrap
 import xml.etree.ElementTree as ET
@@ -119,7 +120,8 @@ def test_report_prints_the_summary(night: Night) -> None:
         "Still failing",
         "t/broken",
         "label column missing",
-        "Slowest jobs",
+        "Slowest jobs (top 5)",
+        "first start -> last end",
     ):
         assert needle in r.stdout, needle
     assert night.cli("report").returncode == 0  # the latest suite by default
@@ -133,6 +135,8 @@ def test_report_into_a_pipe_keeps_each_row_on_one_line(night: Night) -> None:
     lines = r.stdout.splitlines()
     assert [ln for ln in lines if "t/big" in ln and "A:oom > B:oom > C:ok" in ln], r.stdout
     assert [ln for ln in lines if " lost (" in ln and "were not resumed" in ln], r.stdout
+    # the part lost in the unit of the whole (it read "0.1 GPU-min used, 0.00 GPU-h lost")
+    assert re.search(r"GPU-(min|h) used, \S+ GPU-\1 lost", r.stdout), r.stdout
     assert [ln for ln in lines if "t/broken" in ln and "label column missing" in ln], r.stdout
 
 

@@ -200,6 +200,21 @@ intervals = st.lists(
 )
 
 
+def test_gpu_time_writes_a_part_in_the_unit_of_its_whole() -> None:
+    """The summary's "used, lost" pair read "0.1 GPU-min used, 0.00 GPU-h lost": the lost
+    part is now written in the unit of what was used."""
+    from gpusched.report_render import gpu_time
+
+    assert (gpu_time(0.002), gpu_time(0.0), gpu_time(0.5), gpu_time(12.0)) == (
+        "0.1 GPU-min",
+        "0.00 GPU-h",
+        "0.50 GPU-h",
+        "12.0 GPU-h",
+    )
+    assert gpu_time(0.0, like=0.002) == "0.0 GPU-min"
+    assert gpu_time(0.05, like=2.0) == "0.05 GPU-h"
+
+
 @given(intervals)
 def test_lanes_are_disjoint_and_as_few_as_the_peak_overlap(iv: list[tuple[float, float]]) -> None:
     lanes = assign_lanes(iv)
