@@ -664,30 +664,28 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _states(text: str) -> list[str]:
     """``--state failed,queued``: job states, each a real one."""
-    from gpusched.errors import did_you_mean
     from gpusched.model import JobState
 
-    known = [s.value for s in JobState]
-    states = [s.strip() for s in text.split(",") if s.strip()]
-    if not states:
-        raise UsageError(f"status --state: no state given; the states are {', '.join(known)}")
-    for s in states:
-        if s not in known:
-            hint = did_you_mean(s, known) or f"; the states are {', '.join(known)}"
-            raise UsageError(f"status --state: no job state '{s}'{hint}")
-    return list(dict.fromkeys(states))
+    return _listed(text, "--state", [s.value for s in JobState], "state")
 
 
 def _entry_fields(text: str) -> list[str]:
     """``--fields id,state``: job entry keys, each known, in the order given."""
-    from gpusched.errors import did_you_mean
     from gpusched.status_rows import ENTRY_FIELDS
 
-    fields = [f.strip() for f in text.split(",") if f.strip()]
-    if not fields:
-        raise UsageError(f"status --fields: no key given; the keys are {', '.join(ENTRY_FIELDS)}")
-    for f in fields:
-        if f not in ENTRY_FIELDS:
-            hint = did_you_mean(f, ENTRY_FIELDS) or f"; the keys are {', '.join(ENTRY_FIELDS)}"
-            raise UsageError(f"status --fields: no job key '{f}'{hint}")
-    return list(dict.fromkeys(fields))  # a key given twice is shown once
+    return _listed(text, "--fields", list(ENTRY_FIELDS), "key")
+
+
+def _listed(text: str, option: str, known: list[str], what: str) -> list[str]:
+    """The names ``status OPTION a,b`` lists, each one of ``known`` (else one line naming the
+    nearest), in the order given, a name given twice once."""
+    from gpusched.errors import did_you_mean
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise UsageError(f"status {option}: no {what} given; the {what}s are {', '.join(known)}")
+    for n in names:
+        if n not in known:
+            hint = did_you_mean(n, known) or f"; the {what}s are {', '.join(known)}"
+            raise UsageError(f"status {option}: no job {what} '{n}'{hint}")
+    return list(dict.fromkeys(names))
