@@ -270,7 +270,7 @@ def run(
     executors = _Executors(home)
     executors.preload(sorted({s.backend for s in store.suites()}))
     settings = Settings(wake_path=str(home.wake), cancel_grace_s=_cancel_grace_s())
-    sched = Scheduler(store, probe, executors, settings=settings)
+    sched = Scheduler(store, probe, executors, settings=settings, monotonic=time.monotonic)
     info_doc = {
         "pid": os.getpid(),
         "started_at": time.time(),

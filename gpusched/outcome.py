@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 import signal as _signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from msgspec import Struct
 
@@ -460,14 +460,23 @@ def _clip(text: str, limit: int) -> str:
 # --------------------------------------------------------------------------- limits
 
 
-def past_limit(limits: Limits, *, started_at: float, output_at: float | None, now: float) -> str | None:
+def past_limit(
+    limits: Limits,
+    *,
+    started_at: float,
+    output_at: float | None,
+    now: float,
+    away_since: Callable[[float], float] = lambda _t: 0.0,
+) -> str | None:
     """Why an attempt started at ``started_at`` (its wrapper's start), whose log last grew at
     ``output_at`` (None: never), is past its suite's ``limits`` at ``now``; None while it is not.
+    ``away_since(t)``: the seconds since ``t`` that the machine slept (none of them count).
     The time limit is checked first."""
-    if limits.time_s is not None and now - started_at >= limits.time_s:
+    if limits.time_s is not None and now - started_at - away_since(started_at) >= limits.time_s:
         return f"ran past its time limit of {duration_text(limits.time_s)} (limits.time)"
     if limits.silence_s is not None:
-        quiet_s = now - max(started_at, output_at or started_at)
+        quiet_from = max(started_at, output_at or started_at)
+        quiet_s = now - quiet_from - away_since(quiet_from)
         if quiet_s >= limits.silence_s:
             return f"printed nothing for {duration_text(limits.silence_s)}, taken as hung (limits.silence)"
     return None

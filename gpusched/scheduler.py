@@ -112,6 +112,11 @@ class TickReport(Struct, kw_only=True):
     waiting: int = 0
 
 
+#: A tick that finds the wall clock this much further on than the monotonic clock since the
+#: last one finds the machine was away (:meth:`Scheduler._clock`); ticks come every second.
+AWAY_S = 30.0
+
+
 class Scheduler:
     def __init__(
         self,
@@ -125,10 +130,13 @@ class Scheduler:
         host_memory: memwatch.HostFn | None = None,
         disk_free: Callable[[str], disk.DiskFree] | None = None,
         assign: AssignFn | None = None,
+        monotonic: Callable[[], float] | None = None,
     ) -> None:
         """``process_trees``, ``host_memory``, ``disk_free`` (defaults: the real process
         table, psutil and ``statvfs``) and ``assign`` (default :func:`placement.assign`; see
-        :data:`AssignFn`) are seams for the simulator and tests."""
+        :data:`AssignFn`) are seams for the simulator and tests. ``monotonic`` (the daemon's:
+        :func:`time.monotonic`, which stands still while the machine sleeps) lets a tick tell
+        the machine was away (see :meth:`_clock`); without it, ``now`` is the only clock."""
         self.store = store
         self.probe = probe
         self.executors = executors  # not a copy: the daemon's makes a backend on first use
@@ -159,11 +167,15 @@ class Scheduler:
         self._stops: dict[int, tuple[str, float]] = {}  # attempts stopped at a limit: (why, since)
         self.last_snapshot: list[GpuState] = []
         self._read: tuple[float, list[GpuState]] | None = None  # this tick's probe read: (now, it)
+        self._monotonic = monotonic
+        self._clocks: tuple[float, float] | None = None  # the last tick's (now, monotonic)
+        self._away: list[tuple[float, float]] = []  # (back at, seconds away): suspends, clock steps
 
     # ------------------------------------------------------------------ the step
 
     def tick(self, now: float, *, snapshot: list[GpuState] | None = None) -> TickReport:
         report = TickReport()
+        self._clock(now)
         self._sync_suites()
         self._read = None if snapshot is None else (now, snapshot)
         live = self.store.live_attempts()
@@ -380,6 +392,28 @@ class Scheduler:
                 )
                 self._term_sent[a.id] = float("inf")  # once is enough
 
+    def _clock(self, now: float) -> None:
+        """Note when the wall clock moved on much further than the monotonic one since the last
+        tick: the machine slept (a suspended workstation), or its clock was stepped forward.
+        The jobs did not run meanwhile, so their limits do not count that time; without this,
+        a machine woken in the morning stopped every job with ``limits.silence`` as hung."""
+        if self._monotonic is None:
+            return
+        mono = self._monotonic()
+        if self._clocks is not None:
+            away = (now - self._clocks[0]) - (mono - self._clocks[1])
+            if away >= AWAY_S:
+                self._away = [*self._away[-63:], (now, away)]
+                self.on_event(
+                    f"the clock moved {away:.0f} s more than this process ran (the machine slept, or "
+                    "its clock was set forward): the jobs' limits do not count that time"
+                )
+        self._clocks = (now, mono)
+
+    def _away_since(self, t: float) -> float:
+        """Seconds the machine was away (:meth:`_clock`) after ``t``."""
+        return sum(gone for back, gone in self._away if back > t)
+
     def _check_limits(self, live: list[AttemptRow], now: float) -> None:
         """Record (in the store, so that a restarted daemon still knows) the running attempts
         that passed their suite's ``limits``: ``time`` since their wrapper started, or
@@ -396,7 +430,13 @@ class Scheduler:
             started = paths.read_pid()
             if started is None:
                 continue
-            why = outcome.past_limit(limits, started_at=started[1], output_at=paths.output_at(), now=now)
+            why = outcome.past_limit(
+                limits,
+                started_at=started[1],
+                output_at=paths.output_at(),
+                now=now,
+                away_since=self._away_since,
+            )
             if why is not None:
                 self.store.stop_attempt(a.id, a.job_id, why, now=now)
                 self._stops[a.id] = (why, now)

@@ -280,3 +280,36 @@ def test_status_says_which_job_is_being_stopped_and_how_long_each_has_been_quiet
     assert "running (stopping)" in row0 and f"stopping: {why}" in row0
     assert "(no output for 13 min) step 10" in row1
     assert json.loads(json.dumps(doc))  # still plain JSON
+
+
+def test_time_the_machine_slept_counts_for_no_limit(world: World, tmp_path: Path) -> None:
+    """A workstation suspended for the night: in the morning the wall clock is 8 h on, the
+    jobs' logs 8 h old, and every job with ``limits.silence`` was stopped as hung at once.
+    The daemon's monotonic clock stood still meanwhile: that time counts for no limit."""
+    mono = [0.0]
+    events: list[str] = []
+    world.sched = Scheduler(
+        world.store, FakeProbe.from_spec("2x24GiB"), {"fake": world.ex}, monotonic=lambda: mono[0],
+        on_event=events.append,
+    )  # fmt: skip
+
+    def at(now: float, slept: float = 0.0) -> None:  # a tick at ``now``; the machine slept ``slept`` s before
+        mono[0] += now - world.now - slept
+        world.now = now - 1  # (World.tick adds the second)
+        world.tick()
+
+    world.submit(replace(limited(tmp_path, silence_s=600, time_s=3600), jobs=make_suite(tmp_path, n=1).jobs))
+    at(101)
+    wrapper_started(world, "E1/0-task", at=101, output_at=200)  # quiet since 200
+    at(500)
+    at(500 + 8 * 3600, slept=8 * 3600 - 1)  # woken: 8 h on by the wall clock, 1 s by the monotonic one
+    assert world.ex.terminated == [] and world.state("E1/0-task") is JobState.RUNNING
+    assert any("the clock moved 28799 s more than this process ran" in e for e in events), events
+    at(200 + 8 * 3600 + 598)  # 598 s of silence that the job was awake for: not yet
+    assert world.ex.terminated == []
+    at(200 + 8 * 3600 + 601)
+    assert len(world.ex.terminated) == 1
+    world.tick()
+    assert (world.store.job("E1/0-task") or pytest.fail()).reason == (
+        "printed nothing for 10m, taken as hung (limits.silence)"
+    )
