@@ -367,8 +367,9 @@ def _submit(
                 "--max-queued caps how many are submitted at once",
                 file=sys.stderr,
             )
+    plan_kept = before is not None and args.gpu_plan is None and args.gpus is None and backend != "slurm"
     if args.dry_run:
-        return _print_dry_run(args, home, cwd, whole, suite, gplan, backend, options)
+        return _print_dry_run(args, home, cwd, whole, suite, gplan, backend, options, kept=plan_kept)
     env_path = home.suite_env(suite.name)
     from gpusched.store import Store
 
@@ -397,7 +398,7 @@ def _submit(
         f"{suite.name}: queued {n} job{'s' * (n != 1)} on GPUs {','.join(map(str, gplan.gpus))} "
         f"with plan {gplan.as_text()} ({slots} slot{'s' * (slots != 1)}), backend {backend}"
     )
-    _print_changes(result, dropped, dry=False)
+    _print_changes(result, dropped, dry=False, kept=plan_kept)
     if info and info.get("probe_notice"):
         print(f"  {info['probe_notice']}")
     print(f"  logs: {suite.logs_dir}/<job>/<attempt>-<tier>/output.log   watch: gpusched status --watch")
@@ -434,8 +435,11 @@ def _submit_doc(
     }
 
 
-def _print_changes(result: SubmitResult, dropped: list[str], *, dry: bool) -> None:
-    """What a submit did (or, ``dry``, would do) to a suite already in the queue."""
+def _print_changes(result: SubmitResult, dropped: list[str], *, dry: bool, kept: bool = False) -> None:
+    """What a submit did (or, ``dry``, would do) to a suite already in the queue; ``kept``: its
+    plan was the suite's, no --gpu-plan or --gpus given."""
+    if kept:
+        print("  the plan the suite runs with, kept (--gpu-plan or --gpus to change it)")
     if result.skipped:
         states: dict[str, int] = {}
         for _, st in result.skipped:
@@ -526,6 +530,8 @@ def _print_dry_run(
     gplan: GpuPlan,
     backend: str,
     options: dict[str, Any],
+    *,
+    kept: bool,
 ) -> int:
     seen = _would_submit(home, whole, suite, gplan, backend, cwd, options, args.rerun)
     names = [j.name for j in suite.jobs]
@@ -542,7 +548,7 @@ def _print_dry_run(
     for job_id in new:
         print(f"  {job_id}")
     if seen:
-        _print_changes(*seen, dry=True)
+        _print_changes(*seen, dry=True, kept=kept)
     return 0
 
 

@@ -373,6 +373,8 @@ def test_a_repeated_submit_keeps_the_nights_plan_and_a_new_plan_replaces_it(
 
     submit("--gpu-plan", "2,1", "--backend", "subprocess")
     again = submit()
+    said = run_cli("submit", "--suite", "t", cwd=project, env=FAKE, check=True).stdout
+    assert "the plan the suite runs with, kept (--gpu-plan or --gpus to change it)" in said, said
     assert (again["gpu_plan"], again["backend"], again["plan_before"], again["queued"]) == (
         "2,1",
         "subprocess",
