@@ -181,7 +181,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     if want("cancel"):
         s = sub.add_parser("cancel", help="cancel jobs (queued ones at once, running ones by SIGTERM)")
         s.add_argument("jobs", nargs="*", help="job ids or patterns, e.g. E1/87-glue-tvt_qnli or 'E1/88-*'")
-        s.add_argument("--suite", help="cancel every unfinished job of a suite")
+        s.add_argument("--suite", help="every unfinished job of a suite (with jobs named: those of it)")
         s.add_argument(
             "--queued", action="store_true", help="only those not started yet: the running ones finish"
         )

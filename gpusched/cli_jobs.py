@@ -180,15 +180,21 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
     store = _store()
     wanted = ["queued"] if args.queued else ["queued", "running"]
-    if args.suite:
-        ids = [j.id for j in store.jobs(suite=known_suite(store, args.suite), states=wanted)]
-    elif args.jobs:
-        ids = resolve_jobs(store, args.jobs)
+    if not args.suite and not args.jobs:
+        raise UsageError("cancel what? name jobs (E1/87-glue-tvt_qnli, 'E1/88-*') or --suite NAME")
+    if args.jobs:
+        patterns = args.jobs
+        if args.suite:  # `cancel --suite E1 '*-qnli'`: E1's qnli jobs (it cancelled all of E1)
+            name = known_suite(store, args.suite)
+            patterns = [p if "/" in p else f"{name}/{p}" for p in patterns]
+        ids = resolve_jobs(store, patterns)
+        if args.suite:
+            ids = [i for i in ids if i.split("/", 1)[0] == name]
         if args.queued:  # (one query: a pattern may name thousands)
             queued = {j.id for j in store.jobs(states=wanted)}
             ids = [i for i in ids if i in queued]
     else:
-        raise UsageError("cancel what? name jobs (E1/87-glue-tvt_qnli, 'E1/88-*') or --suite NAME")
+        ids = [j.id for j in store.jobs(suite=known_suite(store, args.suite), states=wanted)]
     result = store.request_cancel(ids, queued_only=args.queued)
     daemon.wake(_home())
     counts: dict[str, int] = {}

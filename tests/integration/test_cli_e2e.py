@@ -156,8 +156,13 @@ def test_cancel_a_running_job_and_a_queued_one(gs_home: Path, project: Path) -> 
     assert [j["id"] for j in status(project, "--state", "running")["jobs"]] == [running]
     assert not by_id(status(project))[running]["cancel_requested"]
     run_cli("retry", "slow/*", cwd=project, check=True)  # (the five queued again)
+    # --suite with a job named: that job of the suite (it cancelled the whole suite)
+    one = next(j for j in status(project)["jobs"] if j["state"] == "queued")
+    r = run_cli("cancel", "--suite", "slow", one["name"], cwd=project)
+    assert r.returncode == 0 and r.stdout.strip() == "1 cancelled", r.stdout
+    assert sum(j["state"] == "queued" for j in status(project)["jobs"]) == 4
     r = run_cli("cancel", "--suite", "slow", cwd=project)
-    assert r.returncode == 0 and "1 stopping" in r.stdout and "5 cancelled" in r.stdout
+    assert r.returncode == 0 and "1 stopping" in r.stdout and "4 cancelled" in r.stdout
     retry_until(lambda: by_id(status(project))[running]["state"] == "cancelled", timeout=30)
     assert all(j["state"] == "cancelled" for j in status(project)["jobs"])
     w = run_cli("wait", "--suite", "slow", "--quiet", cwd=project)
