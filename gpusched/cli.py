@@ -29,6 +29,7 @@ from gpusched.cli_common import (
     known_suite,
     probe_source,
     refuse_another_probe,
+    submitted_suite,
     terminal,
 )
 from gpusched.cli_jobs import cmd_attach, cmd_cancel, cmd_logs, cmd_retry, cmd_wait
@@ -40,7 +41,7 @@ if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
     from gpusched.gpus import Probe
     from gpusched.home import Home
     from gpusched.model import GpuPlan, GpuState, Suite
-    from gpusched.records import SubmitResult, SuiteRow
+    from gpusched.records import SubmitResult
     from gpusched.store import Store
 
 
@@ -309,19 +310,27 @@ def cmd_submit(args: argparse.Namespace) -> int:
     home = _home()
     daemon.check_env()  # before anything is queued: the daemon this may start reads these
     probe_spec = _probe_spec(args.fake_gpus)
-    refuse_another_probe(daemon.info(home), probe_spec, probe_source(args.fake_gpus))
+    running = daemon.info(home)
+    refuse_another_probe(running, probe_spec, probe_source(args.fake_gpus))
+    # the GPUs the jobs will be placed on: --fake-gpus, else those of the running daemon's probe
+    placed_by = probe_spec or daemon_probe_spec(running)
     # When no daemon runs, one starts now on standby: its start overlaps reading and queueing
     # the suite, and it exits unseen should this submit be refused or queue nothing.
     starting = None if args.dry_run else daemon.prestart(home, probe=probe_spec)
     try:
-        return _submit(args, cwd, home, probe_spec, starting)
+        return _submit(args, cwd, home, probe_spec, placed_by, starting)
     finally:
         if starting is not None:
             starting.cancel()
 
 
 def _submit(
-    args: argparse.Namespace, cwd: Path, home: Home, probe_spec: str | None, starting: Starting | None
+    args: argparse.Namespace,
+    cwd: Path,
+    home: Home,
+    probe_spec: str | None,
+    placed_by: str | None,
+    starting: Starting | None,
 ) -> int:
     from gpusched import daemon, flags, plan
     from gpusched.attempt import write_env_snapshot
@@ -330,12 +339,11 @@ def _submit(
 
     whole = plan.load_suite(args.suite, cwd=cwd, name=args.name)
     suite = flags.select_jobs(whole, pairs=args.pairs, only=args.only)
-    before = _submitted_before(home, suite.name)  # what a flag left out stays as it was
+    before = submitted_suite(suite.name, only_active=True)  # what a flag left out stays as it was
     backend = check_backend(args.backend or (before.backend if before else None) or default_backend())
     detected = None
     if backend != "slurm":
-        # the GPUs the jobs will be placed on: --fake-gpus, else those of the running daemon's probe
-        gpus_seen = make_probe(probe_spec or daemon_probe_spec(daemon.info(home))).snapshot()
+        gpus_seen = make_probe(placed_by).snapshot()
         detected = len(gpus_seen) if gpus_seen else None
     gpus = flags.parse_gpus(args.gpus, detected=detected)
     if args.gpu_plan is None:
@@ -466,25 +474,6 @@ def _print_changes(result: SubmitResult, dropped: list[str], *, dry: bool, kept:
         )
 
 
-def _submitted_before(home: Home, name: str) -> SuiteRow | None:
-    """Suite ``name`` as last submitted while it still has queued or running jobs, else None:
-    a submit again during its night, without ``--gpu-plan``, ``--gpus`` or ``--backend``, keeps
-    its plan, GPUs and backend (a repeated command is harmless; it does not put a 2,2,2 night
-    back to one job a GPU). A finished suite submitted again starts from the defaults."""
-    if not home.db.exists():
-        return None
-    from gpusched.store import ACTIVE_STATES, Store
-
-    store = Store(home.db, readonly=True)
-    try:
-        active = store.db.execute(
-            "SELECT 1 FROM jobs WHERE suite = ? AND state IN (?, ?) LIMIT 1", (name, *ACTIVE_STATES)
-        ).fetchone()
-        return store.suite(name) if active else None
-    finally:
-        store.close()
-
-
 class _Undo(Exception):
     """Raised to roll a dry run's submit back."""
 
@@ -555,9 +544,12 @@ def _print_dry_run(
 # --------------------------------------------------------------------------- status
 
 
-def _status_sources(args: argparse.Namespace) -> tuple[list[GpuState], dict[str, Any]]:
+def _status_sources(
+    args: argparse.Namespace, states: list[str] | None = None
+) -> tuple[list[GpuState], dict[str, Any]]:
     """The GPUs to show and the arguments of ``views.status`` that come from outside the
-    store: the daemon, the probe's notice, the suite asked for and the Slurm details."""
+    store: the daemon, the probe's notice, the suite and ``states`` asked for and the Slurm
+    details."""
     from gpusched import daemon
     from gpusched.gpus import published
 
@@ -572,7 +564,6 @@ def _status_sources(args: argparse.Namespace) -> tuple[list[GpuState], dict[str,
         if info:
             info = _with_stall(home, info, now)
     gpus, notice = seen
-    states = _states(args.state) if getattr(args, "state", None) is not None else None
     return gpus, {
         "daemon": info,
         "suite": args.suite,
@@ -609,10 +600,12 @@ def _with_stall(home: Home, info: dict[str, Any], now: float) -> dict[str, Any]:
     return {**info, "stalled_s": round(now - since), "stalled_why": why}
 
 
-def _status_doc(args: argparse.Namespace, store: Store, table_rows: int | None = None) -> dict[str, Any]:
+def _status_doc(
+    args: argparse.Namespace, store: Store, table_rows: int | None = None, states: list[str] | None = None
+) -> dict[str, Any]:
     from gpusched.views import status
 
-    gpus, kwargs = _status_sources(args)
+    gpus, kwargs = _status_sources(args, states)
     return status(store, gpus, table_rows=table_rows, **kwargs).doc()
 
 
@@ -641,27 +634,27 @@ def _add_slurm_details(running: list[dict[str, Any]]) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     fields = _entry_fields(args.fields) if args.fields is not None else None
+    states = _states(args.state) if args.state is not None else None
     store = _store(readonly=True)
     if args.suite:
         known_suite(store, args.suite)
     if args.json or fields is not None:
         from gpusched.views import status
 
-        gpus, kwargs = _status_sources(args)
+        gpus, kwargs = _status_sources(args, states)
         status(store, gpus, fields=fields, **kwargs).write(sys.stdout)
         return 0
     from gpusched.views import MAX_TABLE_JOBS, format_status
 
     # read only the rows the table shows: a 10k-job store costs what 40 jobs cost
     rows = None if args.all else MAX_TABLE_JOBS
-    states = _states(args.state) if args.state is not None else None
     show = functools.partial(format_status, max_jobs=rows, states=states)
     width, color = terminal()
     if not args.watch:
-        print(show(_status_doc(args, store, table_rows=rows), width=width, color=color))
+        print(show(_status_doc(args, store, rows, states), width=width, color=color))
         return 0
     while True:  # a dashboard: the screen redrawn every --interval seconds until Ctrl-C
-        text = show(_status_doc(args, store, rows), width=width, color=color)
+        text = show(_status_doc(args, store, rows, states), width=width, color=color)
         sys.stdout.write(("\x1b[H\x1b[2J" if sys.stdout.isatty() else "\n") + text + "\n")
         sys.stdout.flush()
         time.sleep(args.interval)

@@ -13,6 +13,7 @@ from gpusched.errors import UsageError, did_you_mean
 
 if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
     from gpusched.home import Home
+    from gpusched.records import SuiteRow
     from gpusched.store import Store
 
 
@@ -72,6 +73,33 @@ def refuse_another_probe(info: dict[str, Any] | None, requested: str | None, sou
         f"'{spec or name}', not '{requested}'; stop it with `gpusched daemon stop` (its jobs keep "
         f"running) and try again, or {instead}"
     )
+
+
+def submitted_suite(name: str, *, only_active: bool = False) -> SuiteRow | None:
+    """Suite ``name`` as last submitted to this queue, or None; with ``only_active``, only while
+    it still has jobs queued or running: a submit again during its night, without
+    ``--gpu-plan``, ``--gpus`` or ``--backend``, keeps its plan, GPUs and backend (a repeated
+    command is harmless; it does not put a 2,2,2 night back to one job a GPU), and a finished
+    suite submitted again starts from the defaults. Reads the queue; never creates it."""
+    from gpusched.home import Home
+
+    db = Home.from_env().db
+    if not db.exists():
+        return None
+    from gpusched.store import ACTIVE_STATES, Store
+
+    store = Store(db, readonly=True)
+    try:
+        if (
+            only_active
+            and not store.db.execute(
+                "SELECT 1 FROM jobs WHERE suite = ? AND state IN (?, ?) LIMIT 1", (name, *ACTIVE_STATES)
+            ).fetchone()
+        ):
+            return None
+        return store.suite(name)
+    finally:
+        store.close()
 
 
 def known_suite(store: Store, name: str) -> str:

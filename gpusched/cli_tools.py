@@ -19,12 +19,13 @@ from gpusched.cli_common import (
     known_suite,
     probe_source,
     refuse_another_probe,
+    submitted_suite,
     terminal,
 )
 from gpusched.errors import UsageError
 
 if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
-    from gpusched.model import GpuPlan, Suite
+    from gpusched.model import Suite
 
 
 def cmd_gpus(args: argparse.Namespace) -> int:
@@ -118,7 +119,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if plan_text is None and gpus is not None:
         plan_text = ",".join("1" for _ in gpus)  # as submit: one job a GPU named
     elif plan_text is None:
-        ran = _last_plan(suite.name)
+        row = submitted_suite(suite.name)
+        ran = row.gpu_plan if row is not None and row.backend != "slurm" else None
         if ran is None:
             raise UsageError(
                 f"--gpu-plan: give the plan to simulate, e.g. --gpu-plan 2,2,2,2 (suite {suite.name} has not "
@@ -173,23 +175,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print("history: none (--cold): every peak and run time unknown at the start, as on a first night")
     print(sim.format_table(results))
     return 0
-
-
-def _last_plan(name: str) -> GpuPlan | None:
-    """The GPU plan suite ``name`` last ran with in this queue (None: it has not, or on Slurm)."""
-    from gpusched.home import Home
-
-    db = Home.from_env().db
-    if not db.exists():
-        return None
-    from gpusched.store import Store
-
-    store = Store(db, readonly=True)
-    try:
-        row = store.suite(name)
-    finally:
-        store.close()
-    return row.gpu_plan if row is not None and row.backend != "slurm" else None
 
 
 def _probed_cards(needed: int) -> tuple[tuple[int, ...], str]:
