@@ -160,7 +160,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             help="only jobs in these states, e.g. failed or queued,running",
         )
         s.add_argument(
-            "--all", action="store_true", help="every job in the table (else 40, running and failed first)"
+            "--all",
+            action="store_true",
+            help="every job of every suite in the table (else 40, running and failed first, of the suites"
+            " active or ended in the last day of work)",
         )
         s.add_argument("--watch", action="store_true", help="live dashboard until Ctrl-C")
         s.add_argument("--interval", type=_at_least(0.1, float), default=1.0, help=argparse.SUPPRESS)
@@ -566,7 +569,7 @@ def _status_sources(
     gpus, notice = seen
     return gpus, {
         "daemon": info,
-        "suite": args.suite,
+        "suites": [args.suite] if args.suite else None,
         "notice": notice,
         "running": _add_slurm_details,
         "states": states,
@@ -601,11 +604,17 @@ def _with_stall(home: Home, info: dict[str, Any], now: float) -> dict[str, Any]:
 
 
 def _status_doc(
-    args: argparse.Namespace, store: Store, table_rows: int | None = None, states: list[str] | None = None
+    args: argparse.Namespace,
+    store: Store,
+    table_rows: int | None = None,
+    states: list[str] | None = None,
+    suites: list[str] | None = None,
 ) -> dict[str, Any]:
     from gpusched.views import status
 
     gpus, kwargs = _status_sources(args, states)
+    if suites is not None:
+        kwargs["suites"] = suites
     return status(store, gpus, table_rows=table_rows, **kwargs).doc()
 
 
@@ -644,17 +653,23 @@ def cmd_status(args: argparse.Namespace) -> int:
         gpus, kwargs = _status_sources(args, states)
         status(store, gpus, fields=fields, **kwargs).write(sys.stdout)
         return 0
-    from gpusched.views import MAX_TABLE_JOBS, format_status
+    from gpusched.views import MAX_TABLE_JOBS, format_status, recent_suites
 
     # read only the rows the table shows: a 10k-job store costs what 40 jobs cost
     rows = None if args.all else MAX_TABLE_JOBS
-    show = functools.partial(format_status, max_jobs=rows, states=states)
+
+    def show() -> str:
+        # the table: the suites of the last day of work, unless --suite or --all says otherwise
+        suites, earlier = (None, []) if args.suite or args.all else recent_suites(store)
+        doc = _status_doc(args, store, rows, states, suites if earlier else None)
+        return format_status(doc, max_jobs=rows, states=states, earlier=earlier, width=width, color=color)
+
     width, color = terminal()
     if not args.watch:
-        print(show(_status_doc(args, store, rows, states), width=width, color=color))
+        print(show())
         return 0
     while True:  # a dashboard: the screen redrawn every --interval seconds until Ctrl-C
-        text = show(_status_doc(args, store, rows, states), width=width, color=color)
+        text = show()
         sys.stdout.write(("\x1b[H\x1b[2J" if sys.stdout.isatty() else "\n") + text + "\n")
         sys.stdout.flush()
         time.sleep(args.interval)

@@ -251,8 +251,16 @@ def cmd_wait(args: argparse.Namespace) -> int:
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     checked = [float("-inf")]
 
+    from gpusched.views import recent_suites
+
+    # without --suite: the suites that run while it waits (a suite submitted meanwhile joins),
+    # else those `status` shows; a failure of last week's suite is not tonight's
+    scope = {args.suite} if args.suite else store.active_suites() or set(recent_suites(store)[0])
+
     def counts() -> dict[str, int]:
-        c = store.counts(suite=args.suite)
+        if not args.suite:
+            scope.update(store.active_suites())
+        c = store.counts(suites=scope)
         if (c["queued"] or c["running"]) and time.monotonic() - checked[0] >= 5:
             checked[0] = time.monotonic()
             _revive_daemon()  # waiting on a dead daemon would wait forever

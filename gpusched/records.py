@@ -17,6 +17,16 @@ from gpusched import codec
 from gpusched.model import AttemptState, GpuPlan, JobSpec, JobState, Suite
 
 
+class SuiteActivity(Struct):
+    """Whether a suite has jobs queued or running, when its last job ended (epoch seconds),
+    and, where asked for, its jobs per state (:meth:`Store.suite_activity`)."""
+
+    name: str
+    active: bool
+    last: float
+    counts: dict[str, int] = {}
+
+
 class SuiteRow(Struct, frozen=True, kw_only=True):
     name: str
     plan_path: str

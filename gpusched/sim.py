@@ -656,7 +656,7 @@ class Simulation(Struct, dict=True):  # dict: a run's state, set up by run()
         self._adopt_launches()
 
     def _all_done(self) -> bool:
-        c = self.store.counts(suite=self.night)
+        c = self.store.counts(suites=[self.night])
         return c["queued"] == 0 and c["running"] == 0
 
     def _adopt_launches(self) -> None:
@@ -833,7 +833,7 @@ class Simulation(Struct, dict=True):  # dict: a run's state, set up by run()
     # ------------------------------------------------------------------ result
 
     def _result(self, suite: str, *, finished: bool) -> SimResult:
-        counts = self.store.counts(suite=suite)
+        counts = self.store.counts(suites=[suite])
         rows = self.store.db.execute(
             "SELECT a.tier_name, a.outcome FROM attempts a JOIN jobs j ON j.id = a.job_id"
             " WHERE j.suite = ? ORDER BY a.id",

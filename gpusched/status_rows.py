@@ -6,10 +6,11 @@ only :mod:`gpusched.views` calls them.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpusched.errors import StoreError
+from gpusched.store import suite_filter
 
 if TYPE_CHECKING:
     from gpusched.store import Store
@@ -93,15 +94,13 @@ def _entry(fields: Sequence[str]) -> str:
 
 
 def queued_kinds(
-    store: Store, *, suite: str | None = None, limit: int | None = None
+    store: Store, *, suites: Collection[str] | None = None, limit: int | None = None
 ) -> tuple[dict[str, str], list[Group]]:
-    """The kinds (:data:`_KIND`) of the queued jobs (of ``suite``; the first ``limit`` of
+    """The kinds (:data:`_KIND`) of the queued jobs (of ``suites``; the first ``limit`` of
     them in submission order), each with the id of its first queued job standing for it,
     and the groups of those jobs (:data:`Group`) with their kinds."""
-    where, args = "state = 'queued'", list[Any]()
-    if suite is not None:
-        where += " AND suite = ?"
-        args.append(suite)
+    where, args = suite_filter(suites)
+    where = "state = 'queued'" + (f" AND {where}" if where else "")
     order = "" if limit is None else f" ORDER BY seq LIMIT {int(limit)}"
     # The jobs that never ran come one row per suite, task and tier (a walk of the jobs_kinds
     # index, no sort of the queue), with the kind and id of the group's first job; groups
@@ -127,12 +126,12 @@ def job_entries(
     now: float,
     tier_names: Mapping[str, Sequence[str]],
     predictions: Iterable[PredictedGroup],
-    suite: str | None = None,
+    suites: Collection[str] | None = None,
     state: str | None = None,
     limit: int | None = None,
     fields: Sequence[str] = tuple(ENTRY_FIELDS),
 ) -> list[tuple[str, str | None, str]]:
-    """``(state, id, entry)`` per job (of ``suite``, in ``state``; the first ``limit``), in
+    """``(state, id, entry)`` per job (of ``suites``, in ``state``; the first ``limit``), in
     submission order (``id`` for running jobs only: the caller completes their entries),
     ``entry`` being the job's ``status --json`` entry as JSON text (its ``fields``,
     :data:`ENTRY_FIELDS`), built by SQLite: a 10k-job store lists in the time one query
@@ -173,10 +172,13 @@ def job_entries(
             " AND p.id = (CASE WHEN j.attempts > 0 THEN j.id ELSE '' END)"
         )
     where, args = [], dict[str, Any](now=now)
-    for col, value in (("suite", suite), ("state", state)):
-        if value is not None:
-            where.append(f"j.{col} = :{col}")
-            args[col] = value
+    if suites is not None:
+        named = {f"suite{i}": name for i, name in enumerate(sorted(suites))}
+        where.append(f"j.suite IN ({', '.join(':' + k for k in named)})")
+        args.update(named)
+    if state is not None:
+        where.append("j.state = :state")
+        args["state"] = state
     if where:
         sql += " WHERE " + " AND ".join(where)
     sql += " ORDER BY j.seq"

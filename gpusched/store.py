@@ -37,10 +37,18 @@ from gpusched.model import (
     Suite,
     check_transition,
 )
-from gpusched.records import AttemptRow, GpuOut, JobRow, NewAttempt, SubmitResult, SuiteRow
+from gpusched.records import AttemptRow, GpuOut, JobRow, NewAttempt, SubmitResult, SuiteActivity, SuiteRow
 from gpusched.schema import ADDED_TABLES, SCHEMA, SCHEMA_VERSION
 
 ACTIVE_STATES = (JobState.QUEUED.value, JobState.RUNNING.value)
+
+
+def suite_filter(suites: Collection[str] | None, column: str = "suite") -> tuple[str, list[str]]:
+    """SQL that keeps the rows of ``suites`` (none when it is None) and its arguments."""
+    if suites is None:
+        return "", []
+    names = sorted(suites)
+    return f"{column} IN ({','.join('?' * len(names))})", names
 
 
 #: The oldest SQLite the store's statements run on: UPSERT (``ON CONFLICT ... DO UPDATE``) came in
@@ -375,24 +383,41 @@ class Store:
             sql += f" LIMIT {int(limit)}"
         return [JobRow.from_row(r) for r in self.db.execute(sql, args)]
 
-    def active_suites(self, *, suite: str | None = None) -> set[str]:
-        """Names of the suites (of ``suite`` only, when given) with queued or running jobs."""
-        sql, args = "SELECT DISTINCT suite FROM jobs WHERE state IN (?, ?)", list(ACTIVE_STATES)
-        if suite is not None:
-            sql += " AND suite = ?"
-            args.append(suite)
-        return {r["suite"] for r in self.db.execute(sql, args)}
+    def active_suites(self, *, suites: Collection[str] | None = None) -> set[str]:
+        """Names of the suites (of ``suites`` only, when given) with queued or running jobs."""
+        where, args = suite_filter(suites)
+        sql = f"SELECT DISTINCT suite FROM jobs WHERE state IN (?, ?){' AND ' + where if where else ''}"
+        return {r["suite"] for r in self.db.execute(sql, [*ACTIVE_STATES, *args])}
 
-    def counts(self, *, suite: str | None = None) -> dict[str, int]:
-        """Jobs per state (all states present, zeros included)."""
-        sql = "SELECT state, COUNT(*) AS n FROM jobs"
-        args: list[Any] = []
-        if suite is not None:
-            sql += " WHERE suite = ?"
-            args.append(suite)
+    def counts(self, *, suites: Collection[str] | None = None) -> dict[str, int]:
+        """Jobs per state (all states present, zeros included), of ``suites`` when given."""
+        where, args = suite_filter(suites)
+        sql = "SELECT state, COUNT(*) AS n FROM jobs" + (f" WHERE {where}" if where else "")
         out = {s.value: 0 for s in JobState}
         for r in self.db.execute(sql + " GROUP BY state", args):
             out[r["state"]] = r["n"]
+        return out
+
+    def suite_activity(self) -> list[SuiteActivity]:
+        """Per suite: whether a job of it is queued or running, and when its last job ended
+        (when it was submitted, none having ended), oldest first; ``counts`` left empty. A few
+        index lookups a suite, whatever its number of jobs."""
+        of_suite = "FROM jobs j WHERE j.suite = s.name"
+        sql = (
+            f"SELECT s.name, EXISTS (SELECT 1 {of_suite} AND j.ended_at IS NULL),"
+            f" COALESCE((SELECT MAX(j.ended_at) {of_suite}), s.submitted_at) FROM suites s"
+        )
+        seen = [SuiteActivity(name, bool(active), last) for name, active, last in self.db.execute(sql)]
+        return sorted(seen, key=lambda a: (a.last, a.name))
+
+    def counts_by_suite(self, suites: Collection[str]) -> dict[str, dict[str, int]]:
+        """The jobs of each of ``suites`` per state (only states it has)."""
+        where, args = suite_filter(suites)
+        out: dict[str, dict[str, int]] = {name: {} for name in suites}
+        for suite, state, n in self.db.execute(
+            f"SELECT suite, state, COUNT(*) FROM jobs WHERE {where} GROUP BY suite, state", args
+        ):
+            out[suite][state] = n
         return out
 
     def attempt(self, attempt_id: int) -> AttemptRow | None:

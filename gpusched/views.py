@@ -17,17 +17,37 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, TextIO
 
-from msgspec.structs import asdict
+from msgspec.structs import asdict, replace
 
 from gpusched import memory, memwatch, status_rows
 from gpusched.disk import LAUNCH_WAIT_FLAG
 from gpusched.model import GpuState
 from gpusched.placement import DEFAULT_HEADROOM_FRAC
-from gpusched.store import AttemptRow, Store, SuiteRow
+from gpusched.store import AttemptRow, Store, SuiteActivity, SuiteRow
 
 QUIET_SHOWN_S = 600  # a running job whose log has not grown this long says so in the table
 MAX_TABLE_JOBS = 40  # rows of the plain table: running and failed first; the rest is summed up by state
 TABLE_ORDER = ("running", "failed", "queued", "cancelled", "succeeded")  # what a person looks for first
+
+
+#: Plain ``status`` shows the suites with jobs queued or running and those whose last job ended
+#: within this long before the queue's newest activity (now, while anything runs; else the last
+#: end): last night's suite is there in the morning, or after a weekend, and last month's failures
+#: are not.
+RECENT_S = 24 * 3600
+
+
+def recent_suites(store: Store, *, now: float | None = None) -> tuple[list[str], list[SuiteActivity]]:
+    """The suites plain ``status`` shows (:data:`RECENT_S`), oldest first, and the others,
+    newest first, with their jobs per state."""
+    seen = store.suite_activity()
+    if not seen:
+        return [], []
+    newest = (time.time() if now is None else now) if any(a.active for a in seen) else seen[-1].last
+    shown = [a.name for a in seen if a.active or a.last >= newest - RECENT_S]
+    older = [a for a in reversed(seen) if a.name not in shown]
+    counts = store.counts_by_suite([a.name for a in older]) if older else {}
+    return shown, [replace(a, counts=counts[a.name]) for a in older]
 
 
 def gib(mib: int | None) -> str:
@@ -80,7 +100,7 @@ def status(
     gpus: list[GpuState],
     *,
     daemon: dict[str, Any] | None,
-    suite: str | None = None,
+    suites: Collection[str] | None = None,
     notice: str | None = None,
     now: float | None = None,
     trees: memwatch.TreesFn | None = None,
@@ -98,10 +118,10 @@ def status(
     attempts). ``fields`` (keys of :data:`status_rows.ENTRY_FIELDS`, valid ones) narrows each
     job entry to those keys, in that order; without a prediction among them, queued jobs'
     predictions are not made at all. ``states``: only jobs in these, listed state by state
-    in the table's order."""
+    in the table's order; ``suites``: only the jobs of these (and only their ``counts``)."""
     now = time.time() if now is None else now
-    suites = {s.name: s for s in store.suites()}
-    tier_names = {name: [t.name for t in s.suite.tiers] for name, s in suites.items()}
+    suite_rows = {s.name: s for s in store.suites()}
+    tier_names = {name: [t.name for t in s.suite.tiers] for name, s in suite_rows.items()}
     keys = tuple(status_rows.ENTRY_FIELDS) if fields is None else tuple(fields)
     predict = bool(status_rows.PREDICTION_FIELDS.intersection(keys))
     rows: list[tuple[str, str | None, str]] = []
@@ -112,24 +132,24 @@ def status(
             break
         predicted: list[status_rows.PredictedGroup] = []
         if predict and state in (None, "queued"):
-            kinds, groups = status_rows.queued_kinds(store, suite=suite, limit=limit)
-            by_kind = queued_predictions(store, kinds, suites, gpus, now=now)
+            kinds, groups = status_rows.queued_kinds(store, suites=suites, limit=limit)
+            by_kind = queued_predictions(store, kinds, suite_rows, gpus, now=now)
             predicted = [(*g[:4], *by_kind[g[4]]) for g in groups if g[4] in by_kind]
         rows += status_rows.job_entries(
             store,
             now=now,
             tier_names=tier_names,
             predictions=predicted,
-            suite=suite,
+            suites=suites,
             state=state,
             limit=limit,
             fields=keys,
         )
     live = store.live_attempts()
     running_on = Counter(a.gpu for a in live if a.gpu is not None)
-    active = store.active_suites(suite=suite) or set(suites)
+    active = store.active_suites(suites=suites) or set(suite_rows)
     slots: dict[int, int] = {}
-    for s in suites.values():
+    for s in suite_rows.values():
         if s.name in active:
             for g, n in zip(s.gpu_plan.gpus, s.gpu_plan.slots, strict=True):
                 slots[g] = max(slots.get(g, 0), n)
@@ -162,7 +182,7 @@ def status(
     head = {
         "daemon": daemon,
         "notice": notice,
-        "counts": store.counts(suite=suite),
+        "counts": store.counts(suites=suites),
         "draining": bool(store.flag("draining")),
         "host": host_doc(store, host, now=now),
         "launch_wait": store.flag(LAUNCH_WAIT_FLAG) if daemon else None,  # the daemon's, while it runs
@@ -171,7 +191,7 @@ def status(
     if fields is not None and any(state == "running" for state, _, _ in rows):
         # a running job's entry is completed from keys that may not be among ``fields``
         full = status_rows.job_entries(
-            store, now=now, tier_names=tier_names, predictions=(), suite=suite, state="running"
+            store, now=now, tier_names=tier_names, predictions=(), suites=suites, state="running"
         )
         narrowed = {
             job_id: json.dumps({k: d[k] for k in keys})
@@ -382,9 +402,11 @@ def format_status(
     color: bool = False,
     max_jobs: int | None = MAX_TABLE_JOBS,
     states: Collection[str] | None = None,
+    earlier: Sequence[SuiteActivity] = (),
 ) -> str:
     """The status as text for a terminal ``width`` columns wide (None: as wide as the tables
-    are, one line a row): daemon line, GPU table, job table, with ANSI colours when ``color``.
+    are, one line a row): daemon line, GPU table, job table, with ANSI colours when ``color``,
+    and a line summing up the ``earlier`` suites that ``doc`` leaves out.
     Tables that do not fit shrink their widest columns first and wrap their cells; a job's id
     is cut last, so that it can still be copied into ``attach`` or ``logs``."""
 
@@ -433,7 +455,28 @@ def format_status(
     out += _table(title, heads, [_job_cells(j) for j in shown], width, paint, fold_last=0)
     if len(shown) < total:
         out.append(paint(f"... {_hidden(counts, shown)} (use --all, --state STATE or --suite)", "dim"))
+    if line := _earlier(earlier, states):
+        out.append(paint(line, "dim"))
     return "\n".join(out)
+
+
+def _earlier(earlier: Sequence[SuiteActivity], states: Collection[str] | None, named: int = 4) -> str:
+    """``"earlier suites, not shown (the last ended Nov 24): old (3 failed), demo (6
+    succeeded); --suite NAME or --all"``: the older suites with jobs (in ``states`` when
+    given), newest first, each with its jobs by state, at most ``named`` of them by name;
+    ``""`` when there are none."""
+    listed = []
+    for a in earlier:
+        n = {s: a.counts[s] for s in TABLE_ORDER if a.counts.get(s) and (states is None or s in states)}
+        if n:
+            listed.append((a, ", ".join(f"{k} {s}" for s, k in n.items())))
+    if not listed:
+        return ""
+    names = [f"{a.name} ({jobs})" for a, jobs in listed[:named]]
+    if len(listed) > named:
+        names.append(f"{len(listed) - named} more")
+    when = time.strftime("%b %d", time.localtime(listed[0][0].last))
+    return f"earlier suites, not shown (the last ended {when}): {', '.join(names)}; --suite NAME or --all"
 
 
 def out_cause(o: dict[str, Any]) -> str:

@@ -20,7 +20,7 @@ from gpusched.attempt import AttemptPaths
 from gpusched.model import GpuPlan, JobSpec, Suite
 from gpusched.placement import DEFAULT_HEADROOM_FRAC
 from gpusched.views import _wrap, format_status, status
-from tests.unit.test_memory_scheduler import GIB, TIERS, Box, oom_tail
+from tests.unit.test_memory_scheduler import GIB, TIERS, Box, make_suite, oom_tail
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 #: The keys of a ``status --json`` job entry, as the README lists them: scripts rely on them.
@@ -218,7 +218,7 @@ def test_queued_jobs_get_the_prediction_demands_gives_each_of_them(tmp_path: Pat
     )
     box.submit(replace(solo, jobs=(*solo.jobs, JobSpec(suite="solo", name="q", task="qnli"))))
     # the five untried tasks ask once; qnli ran
-    assert len(status_rows.queued_kinds(box.store, suite="solo")[0]) == 2
+    assert len(status_rows.queued_kinds(box.store, suites=["solo"])[0]) == 2
     doc = box.status()
     queued = [j for j in box.store.jobs() if j.state.value == "queued"]
     assert any(j.attempts for j in queued) and len({j.task for j in queued}) == 3 + 5
@@ -611,3 +611,115 @@ def test_logs_counts_lines_as_tail_does() -> None:
     assert _last_lines(b"a\nb\nc", 2) == b"b\nc"  # a line still being written counts
     assert _last_lines(b"a\nstep 1\rstep 2\rstep 3\n", 1) == b"step 1\rstep 2\rstep 3\n"
     assert _last_lines(b"a\nb\n", 5) == _last_lines(b"a\nb\n", 0) == b"a\nb\n"
+
+
+DAY = 24 * 3600.0
+
+
+def two_nights(tmp_path: Path) -> Box:
+    """``old``: a suite of three days ago, one job failed and one succeeded; ``E1`` tonight:
+    one job succeeded, one running, one queued (one GPU, one slot)."""
+    box = Box(tmp_path, GpuPlan(gpus=(0,), slots=(1,)), cards="1x24GiB")
+    old = replace(make_suite(tmp_path, 2), name="old")
+    box.submit(replace(old, jobs=tuple(replace(j, suite="old") for j in old.jobs)))
+    box.tick()
+    box.ex.finish(box.ex.token_of("old/0-qnli"), exit_code=1, output="ValueError: bad column\n")
+    box.tick()
+    box.ex.finish(box.ex.token_of("old/1-qnli"), exit_code=0)
+    box.tick()
+    box.now += 3 * DAY
+    box.submit(make_suite(tmp_path, 3))
+    box.tick()
+    box.ex.finish(box.ex.token_of("E1/0-qnli"), exit_code=0)
+    box.tick()
+    return box
+
+
+def test_plain_status_shows_the_last_day_of_work_and_names_the_older_suites(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Last week's failures do not sit above tonight's queue in ``status`` forever (they came
+    second, before the queued jobs, and pushed them out of the 40 rows): the table shows the
+    suites queued, running or ended within a day of the newest activity, counts only them, and
+    names the others in one line; ``--suite`` and ``--all`` show them, ``--json`` lists all."""
+    from gpusched import cli
+
+    box = two_nights(tmp_path)
+    assert [j.state.value for j in box.store.jobs(suite="old")] == ["failed", "succeeded"]
+    box.store.close()
+    (tmp_path / "home").mkdir()
+    (tmp_path / "gs.db").rename(tmp_path / "home" / "gpusched.db")
+    monkeypatch.setenv("GPUSCHED_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("COLUMNS", "200")
+
+    def shown(*argv: str) -> tuple[list[str], list[str]]:
+        assert cli.main(["status", *argv]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        return [ln.split("│")[1].strip() for ln in lines if ln.startswith(("│ E1/", "│ old/"))], lines
+
+    jobs, lines = shown()
+    assert jobs == ["E1/1-qnli", "E1/2-qnli", "E1/0-qnli"]  # running, queued, succeeded
+    assert "queued 1  running 1  succeeded 1  failed 0  cancelled 0" in lines
+    assert lines[-1].startswith("earlier suites, not shown (the last ended ")
+    assert lines[-1].endswith("): old (1 failed, 1 succeeded); --suite NAME or --all")
+    assert shown("--suite", "old")[0] == ["old/0-qnli", "old/1-qnli"]
+    assert shown("--all")[0] == ["E1/1-qnli", "old/0-qnli", "E1/2-qnli", "old/1-qnli", "E1/0-qnli"]
+    jobs, lines = shown("--state", "failed")
+    assert jobs == [] and lines[-1].endswith("): old (1 failed); --suite NAME or --all")
+    assert not shown("--state", "queued")[1][-1].startswith("earlier")  # old has none queued
+    assert cli.main(["status", "--json"]) == 0  # scripts get every job, as before
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["jobs"]) == 5 and doc["counts"]["failed"] == 1
+
+
+def test_the_last_day_of_work_is_counted_back_from_the_newest_activity(tmp_path: Path) -> None:
+    """Nothing queued or running: the suites whose last job ended within a day of the last
+    one to end (a Monday's `status` still shows Saturday's night); while one runs, a day back
+    from now. The store answers from its indexes, so this is checked on a real one."""
+    from gpusched.store import Store
+    from gpusched.views import recent_suites
+
+    store = Store(tmp_path / "gs.db")
+    plan = GpuPlan(gpus=(0,), slots=(1,))
+    now = 10 * DAY
+
+    def night(name: str, *, ended: float | None, states: tuple[str, ...]) -> None:
+        suite = replace(make_suite(tmp_path, len(states)), name=name)
+        suite = replace(suite, jobs=tuple(replace(j, suite=name) for j in suite.jobs))
+        store.submit(suite, plan, backend="fake", cwd=str(tmp_path), env_path=None, now=now - 20 * DAY)
+        for job, state in zip(suite.jobs, states, strict=True):
+            end = None if state in ("queued", "running") else ended
+            store.db.execute("UPDATE jobs SET state = ?, ended_at = ? WHERE id = ?", (state, end, job.id))
+        store.db.commit()
+
+    night("week", ended=now - 7 * DAY, states=("failed", "failed"))
+    night("fri", ended=now - 2 * DAY - 19 * 3600, states=("succeeded",))  # 19 h before sat's end
+    night("sat", ended=now - 2 * DAY, states=("succeeded", "failed"))
+    shown, earlier = recent_suites(store, now=now)
+    assert (shown, [(a.name, a.counts) for a in earlier]) == (["fri", "sat"], [("week", {"failed": 2})])
+    night("E1", ended=now - 600, states=("succeeded", "running", "queued"))
+    shown, earlier = recent_suites(store, now=now)
+    assert shown == ["E1"] and [a.name for a in earlier] == ["sat", "fri", "week"]
+    assert earlier[0].counts == {"succeeded": 1, "failed": 1}
+    assert recent_suites(Store(tmp_path / "empty.db"), now=now) == ([], [])
+
+
+def test_wait_without_a_suite_judges_the_suites_that_ran_not_last_weeks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``gpusched wait`` (no ``--suite``) after tonight's suite succeeded exits 0 and counts
+    tonight's jobs: it used to count every job in the queue, so one failure in a suite of
+    last week made every later ``submit ... && gpusched wait`` exit 1."""
+    from gpusched import cli
+
+    box = two_nights(tmp_path)
+    for job_id in ("E1/1-qnli", "E1/2-qnli"):
+        box.ex.finish(box.ex.token_of(job_id), exit_code=0)
+        box.tick()
+    box.store.close()
+    (tmp_path / "home").mkdir()
+    (tmp_path / "gs.db").rename(tmp_path / "home" / "gpusched.db")
+    monkeypatch.setenv("GPUSCHED_HOME", str(tmp_path / "home"))
+    assert cli.main(["wait", "--quiet"]) == 0
+    assert capsys.readouterr().out == "3 succeeded, 0 failed, 0 cancelled\n"
+    assert cli.main(["wait", "--quiet", "--suite", "old"]) == 1
