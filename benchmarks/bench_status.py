@@ -2,18 +2,21 @@
 wall time of the whole command (interpreter start included), median of several runs (the
 commands taking turns).
 
-    python benchmarks/bench_status.py [--jobs 10000] [--runs 7] [--before DIR] [--keep] [--instructions]
+    python benchmarks/bench_status.py [--jobs 10000] [--older 40] [--runs 7] [--before DIR] [--keep]
+                                      [--instructions]
 
 The store is filled in-process (``Store.submit`` of one suite, then attempts through the
 store's own transitions): most jobs queued, some succeeded, some failed (with an attempt
-each), 14 running. No daemon runs; the probe is 16 fake GPUs, but for one more row of the
-plain ``status`` with the real NVML probe (what a user's command loads; on a machine without
-a GPU it finds no driver and says so). ``--fields id,state`` is the JSON a script that needs
-only those keys asks for. ``python -c pass`` and ``gpusched --version`` are timed too, as the
-floor any command pays. Besides wall time, the table gives the command's own CPU time (user +
-system), steadier on a shared machine; ``--instructions`` adds each command's instruction
-count under valgrind's callgrind (one more run each, ~50x slower, with a fixed hash seed): the
-same from run to run within ~1 %, however busy the machine, so a change of a few percent shows.
+each), 14 running; beside them, ``--older`` jobs of a suite that ended three days earlier,
+which plain ``status`` leaves out and names in one line. No daemon runs; the probe is 16
+fake GPUs, but for one more row of the plain ``status`` with the real NVML probe (what a
+user's command loads; on a machine without a GPU it finds no driver and says so). ``--fields
+id,state`` is the JSON a script that needs only those keys asks for. ``python -c pass`` and
+``gpusched --version`` are timed too, as the floor any command pays. Besides wall time, the
+table gives the command's own CPU time (user + system), steadier on a shared machine;
+``--instructions`` adds each command's instruction count under valgrind's callgrind (one
+more run each, ~50x slower, with a fixed hash seed): the same from run to run within ~1 %,
+however busy the machine, so a change of a few percent shows.
 """
 
 from __future__ import annotations
@@ -30,24 +33,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import Sandbox, machine, median, sandbox, table
 
 
-def fill(sb: Sandbox, n: int, *, succeeded: int, failed: int, running: int) -> None:
-    """``n`` jobs of one suite, with attempts for the first ``succeeded + failed + running``."""
+def fill(
+    sb: Sandbox, n: int, *, succeeded: int, failed: int, running: int, name: str = "big", ago_s: float = 0.0
+) -> None:
+    """``n`` jobs of suite ``name``, with attempts for the first ``succeeded + failed + running``,
+    submitted, run and ended as if ``ago_s`` seconds ago."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from gpusched import flags, plan
     from gpusched.model import Classification, ExitRecord, Outcome, Step, StepKind
     from gpusched.store import NewAttempt, Store
 
-    sb.write_plan("big", n, command="python train.py --config {config}")
-    suite = plan.load_suite("big", cwd=sb.project)
+    sb.write_plan(name, n, command="python train.py --config {config}")
+    suite = plan.load_suite(name, cwd=sb.project)
     sb.home.mkdir(parents=True, exist_ok=True)
     store = Store(sb.db)
     gplan = flags.parse_gpu_plan(",".join("1" * 16), gpus=None, detected=16)
-    store.submit(suite, gplan, backend="subprocess", cwd=str(sb.project), env_path=None)
-    now = time.time()
+    now = time.time() - ago_s
+    store.submit(suite, gplan, backend="subprocess", cwd=str(sb.project), env_path=None, now=now - 900)
     ok = Classification(outcome=Outcome.OK, reason="exit 0")
     err = Classification(outcome=Outcome.ERROR, reason="exit 1", line="ValueError: bad label")
     for k, job in enumerate(suite.jobs[: succeeded + failed + running]):
-        d = sb.project / "logs" / "big" / job.name / "1-A"
+        d = sb.project / "logs" / name / job.name / "1-A"
         d.mkdir(parents=True)
         (d / "output.log").write_text(f"step 10/100 loss 1.{k}\n")
         aid = store.begin_attempt(
@@ -59,7 +65,7 @@ def fill(sb: Sandbox, n: int, *, succeeded: int, failed: int, running: int) -> N
                 gpu_uuid=None,
                 backend="subprocess",
                 dir=str(d),
-                token=f"t{k:015d}",
+                token=f"{name}{k:015d}",
                 placement_reason="bench",
                 predicted_mib=4096,
                 prediction_source="default",
@@ -109,6 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=10_000)
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument(
+        "--older",
+        type=int,
+        default=40,
+        help="jobs of a second suite, ended three days before the first: plain status leaves it out",
+    )
+    ap.add_argument(
         "--before",
         metavar="DIR",
         help="another checkout of gpusched (e.g. `git worktree add /tmp/before COMMIT`): its commands are"
@@ -127,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     with sandbox(keep=args.keep) as sb:
         t0 = time.perf_counter()
+        if args.older:
+            n = args.older
+            fill(sb, n, succeeded=n - 2, failed=2, running=0, name="lastweek", ago_s=3 * 86400)
         fill(sb, args.jobs, succeeded=args.jobs // 5, failed=args.jobs // 50, running=14)
         fill_s = time.perf_counter() - t0
         env = sb.env(GPUSCHED_FAKE_GPUS="16x24GiB", COLUMNS="160")
@@ -165,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                 cmd, cmd_env = commands[label]
                 rows[-1].append(f"{instructions(cmd, cmd_env, sb.project) / 1e6:.0f}")
     print(
-        f"Status with {args.jobs} jobs in the store (filled in {fill_s:.1f} s), median of {args.runs} runs "
+        f"Status with {args.jobs} jobs in the store (and {args.older} of a suite ended three days earlier;"
+        f" filled in {fill_s:.1f} s), median of {args.runs} runs "
         f"({machine()})\n"
     )
     heads = ["command", "wall ms", "cpu ms", "output"] + ["M instructions"] * args.instructions

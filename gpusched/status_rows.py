@@ -99,7 +99,7 @@ def queued_kinds(
     """The kinds (:data:`_KIND`) of the queued jobs (of ``suites``; the first ``limit`` of
     them in submission order), each with the id of its first queued job standing for it,
     and the groups of those jobs (:data:`Group`) with their kinds."""
-    where, args = suite_filter(suites)
+    where, args = suite_filter(suites, "+suite")  # the queue by the state's index, as job_entries
     where = "state = 'queued'" + (f" AND {where}" if where else "")
     order = "" if limit is None else f" ORDER BY seq LIMIT {int(limit)}"
     # The jobs that never ran come one row per suite, task and tier (a walk of the jobs_kinds
@@ -174,7 +174,9 @@ def job_entries(
     where, args = [], dict[str, Any](now=now)
     if suites is not None:
         named = {f"suite{i}": name for i, name in enumerate(sorted(suites))}
-        where.append(f"j.suite IN ({', '.join(':' + k for k in named)})")
+        # (+: not by the suite's index: each state's first rows come from the state's index,
+        # where a suite of 10k jobs would be read whole for each state)
+        where.append(f"+j.suite IN ({', '.join(':' + k for k in named)})")
         args.update(named)
     if state is not None:
         where.append("j.state = :state")
