@@ -20,6 +20,9 @@ Definitions a caller may rely on (the README repeats them):
   ran anything); *slot occupancy*: the sum of its attempts' runtimes / (slots x wall time).
 * *peak memory* of a GPU: the larger of its attempts' ``peak_mib`` and the daemon's
   ``gpu_samples.used_mib`` taken on it during the wall time.
+* *util* of a GPU: the mean of the daemon's ``gpu_samples.util_pct`` (NVML's share of time a
+  kernel ran, every 10 s) taken on it while it ran one of the suite's attempts; of an
+  attempt: those taken on its GPU while it ran (the card's, whatever else ran there).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from msgspec import Struct
+from msgspec.structs import replace
 
 #: Outcomes reported for attempts, in display order (``running``: not ended yet).
 OUTCOMES = ("ok", "oom", "host_oom", "error", "timeout", "gpu_fault", "lost", "cancelled", "running")
@@ -51,6 +55,7 @@ COLUMNS = (
     "log",
     "start_ts",
     "end_ts",
+    "util_pct",
 )
 #: The line ``tiers.resolve`` puts in a resumed attempt's config.yaml header.
 _RESUME_NOTE = "# injected: resume from "
@@ -119,19 +124,26 @@ class Job(Struct, frozen=True, kw_only=True):
 
 
 class Sample(Struct, frozen=True, kw_only=True):
-    """One GPU memory sample (``gpu_samples`` row)."""
+    """One GPU sample (``gpu_samples`` row): memory and utilisation."""
 
     at: float
     gpu: int
     used_mib: int | None
     total_mib: int | None = None
+    util_pct: int | None = None
 
     @classmethod
     def from_row(cls, r: Any) -> Sample:
         if isinstance(r, Sample):
             return r
         g = _getter(r)
-        return cls(at=float(g("at")), gpu=int(g("gpu")), used_mib=g("used_mib"), total_mib=g("total_mib"))
+        return cls(
+            at=float(g("at")),
+            gpu=int(g("gpu")),
+            used_mib=g("used_mib"),
+            total_mib=g("total_mib"),
+            util_pct=g("util_pct"),
+        )
 
 
 def _getter(r: Any) -> Any:
@@ -163,6 +175,7 @@ class AttemptLine(Struct, frozen=True, kw_only=True):
     reason: str | None
     line: str | None
     log: str | None
+    util_pct: int | None = None  # its GPU's mean sampled utilisation while it ran
 
 
 class JobLine(Struct, frozen=True, kw_only=True):
@@ -192,6 +205,7 @@ class GpuLine(Struct, frozen=True, kw_only=True):
     peak_mib: int | None
     peak_source: str | None  # "attempt" or "sampled"
     total_mib: int | None
+    util_pct: int | None = None  # mean sampled utilisation while it ran the suite's attempts
 
 
 class SuiteReport(Struct, frozen=True, kw_only=True):
@@ -253,6 +267,8 @@ def compute(
         for s in map(Sample.from_row, samples)
         if start is not None and end is not None and start <= s.at <= end
     ]
+    utils = _utils(in_window)
+    lines = [replace(a, util_pct=mean_util(utils.get(a.gpu, []), [(a.start, a.end)])) for a in lines]
     return SuiteReport(
         suite=suite,
         now=now,
@@ -266,7 +282,7 @@ def compute(
         lost_gpu_hours=sum(a.duration_s for a in lines if a.lost) / 3600,
         jobs=tuple(_job_lines(job_rows, lines)),
         attempts=tuple(lines),
-        gpus=tuple(_gpu_lines(lines, in_window, slots or {}, wall)),
+        gpus=tuple(_gpu_lines(lines, in_window, slots or {}, wall, utils)),
         samples=tuple(in_window),
     )
 
@@ -398,8 +414,36 @@ def _job_lines(jobs: list[Job], lines: list[AttemptLine]) -> list[JobLine]:
     return out
 
 
+def _utils(samples: list[Sample]) -> dict[int | None, list[tuple[float, int]]]:
+    """Each GPU's utilisation samples, ``(at, util_pct)`` in time order."""
+    out: dict[int | None, list[tuple[float, int]]] = {}
+    for s in samples:
+        if s.util_pct is not None:
+            out.setdefault(s.gpu, []).append((s.at, s.util_pct))
+    for seq in out.values():
+        seq.sort()
+    return out
+
+
+def mean_util(utils: list[tuple[float, int]], intervals: Iterable[tuple[float, float]]) -> int | None:
+    """The mean of the utilisation samples ``utils`` (``(at, util_pct)``, in time order) taken
+    inside any of ``intervals``, rounded; None where none was taken there (an attempt shorter
+    than the daemon's 10 s between samples)."""
+    from bisect import bisect_left, bisect_right
+
+    taken: set[int] = set()
+    ats = [at for at, _ in utils]
+    for s, e in intervals:
+        taken.update(range(bisect_left(ats, s), bisect_right(ats, e)))
+    return round(sum(utils[i][1] for i in taken) / len(taken)) if taken else None
+
+
 def _gpu_lines(
-    lines: list[AttemptLine], samples: list[Sample], slots: Mapping[int, int], wall_s: float
+    lines: list[AttemptLine],
+    samples: list[Sample],
+    slots: Mapping[int, int],
+    wall_s: float,
+    utils: Mapping[int | None, list[tuple[float, int]]],
 ) -> list[GpuLine]:
     gpus = sorted({a.gpu for a in lines}, key=lambda g: (g is None, g if g is not None else 0))
     out = []
@@ -422,6 +466,7 @@ def _gpu_lines(
                 peak_mib=peak,
                 peak_source=source,
                 total_mib=max(totals, default=None),
+                util_pct=mean_util(utils.get(g, []), [(a.start, a.end) for a in mine]),
             )
         )
     return out
@@ -458,6 +503,7 @@ def attempt_records(rep: SuiteReport) -> list[dict[str, Any]]:
             "log": a.log,
             "start_ts": a.start,
             "end_ts": a.end if a.outcome != "running" else None,
+            "util_pct": a.util_pct,
         }
         for a in rep.attempts
     ]

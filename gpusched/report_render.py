@@ -118,7 +118,7 @@ def _gpu_table(rep: SuiteReport) -> Any:
     from rich.table import Table
 
     t = Table(title="GPUs", title_justify="left")
-    for col in ("GPU", "slots", "attempts", "busy", "slot occupancy", "peak memory GiB"):
+    for col in ("GPU", "slots", "attempts", "busy", "slot occupancy", "util", "peak memory GiB"):
         t.add_column(col, justify="right" if col != "GPU" else "left")
     for g in rep.gpus:
         peak = "?" if g.peak_mib is None else f"{gib(g.peak_mib)}"
@@ -132,6 +132,7 @@ def _gpu_table(rep: SuiteReport) -> Any:
             str(g.attempts),
             f"{100 * g.busy_fraction:.0f} %",
             f"{100 * g.occupancy:.0f} %",
+            "" if g.util_pct is None else f"{g.util_pct} %",
             peak,
         )
     return t

@@ -107,6 +107,41 @@ def test_busy_fraction_occupancy_and_peak(rep: report.SuiteReport) -> None:
     )  # sample outside the night ignored
 
 
+def test_util_is_the_cards_while_it_ran_the_suite_and_each_attempts_while_it_ran() -> None:
+    """The seeds' "half-empty GPU" is two numbers of one card: compute near 100 % with memory
+    at a third, or compute idling (jobs waiting on their data). A GPU's util is the mean of
+    the daemon's samples taken while it ran one of the suite's attempts, not while it idled;
+    an attempt's, those taken on its GPU while it ran; none taken there, none shown."""
+    from gpusched.report_render import render_report
+
+    def at(t: float, gpu: int, util: int | None) -> Sample:
+        return Sample(at=T0 + t, gpu=gpu, used_mib=1000, util_pct=util)
+
+    samples = [
+        at(100, 1, 40),  # bad runs (0-300)
+        at(450, 1, 90),  # res's first attempt (300-900)
+        at(1000, 1, 80),  # res's second (900-2400)
+        at(2000, 1, None),  # a read that failed
+        at(3000, 1, 0),  # GPU 1 idle after 2400: not its util
+        at(500, 0, 99),
+        at(2000, 0, 97),
+    ]
+    rep = compute(NIGHT, jobs=JOBS, samples=samples, slots={0: 2, 1: 1}, suite="S")
+    assert [(g.gpu, g.util_pct) for g in rep.gpus] == [(0, 98), (1, 70)]  # (40 + 90 + 80) / 3
+    by = {(a.job, a.n): a.util_pct for a in rep.attempts}
+    assert (by[("S/bad", 1)], by[("S/res", 1)], by[("S/res", 2)]) == (40, 90, 80)
+    assert (by[("S/big", 1)], by[("S/big", 3)], by[("S/small", 1)]) == (99, 97, 99)  # small: 0-1800
+    assert by[("S/big", 2)] is None  # 600-1200 on GPU 0: no sample taken then
+    assert {d["job"]: d["util_pct"] for d in report.attempt_records(rep) if d["attempt"] == 2}["S/res"] == 80
+    from rich.console import Console
+
+    console = Console(width=160, record=True)
+    console.print(render_report(rep, top=3))
+    gpu_rows = [ln for ln in console.export_text().splitlines() if ln.startswith(("│ 0 ", "│ 1 "))]
+    assert ["98 %" in gpu_rows[0], "70 %" in gpu_rows[1]] == [True, True]
+    assert compute(NIGHT, jobs=JOBS, suite="S").gpus[0].util_pct is None  # no samples: no util
+
+
 def test_lanes_on_a_gpu_never_overlap(rep: report.SuiteReport) -> None:
     small = next(a for a in rep.attempts if a.job == "S/small")
     big = [a.lane for a in rep.attempts if a.job == "S/big"]
