@@ -231,6 +231,7 @@ def run(
     from gpusched.executors import select as _executors  # noqa: F401  (imported before the word)
     from gpusched.gpus import published
     from gpusched.gpus.select import make_probe
+    from gpusched.notify import Notifier
     from gpusched.scheduler import Scheduler, Settings
     from gpusched.store import Store
 
@@ -289,6 +290,7 @@ def run(
     log.info(
         "daemon %s ready (probe %s, cancel grace %.1f s)", os.getpid(), probe.name, settings.cancel_grace_s
     )
+    notifier = Notifier(store, home)
     last_sample = last_published = 0.0
     failures = 0
     try:
@@ -305,6 +307,10 @@ def run(
                 log.exception("tick failed (%d in a row); retrying", failures)
                 _wait(fifo, min(30.0, 0.5 * 2 ** min(failures, 6)))
                 continue
+            try:
+                notifier.check()
+            except Exception:  # telling the user is a nicety; never let it stop scheduling
+                log.exception("notify: could not read what happened")
             if now - last_published >= interval_s:
                 _publish(home, sched.last_snapshot, probe.notice(), now)
                 last_published = now

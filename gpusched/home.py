@@ -40,6 +40,11 @@ class Home(Struct, frozen=True):
         return self.root / "daemon.log"
 
     @property
+    def notify_log(self) -> Path:
+        """What the plans' ``notify:`` commands were run for, and what they printed."""
+        return self.root / "notify.log"
+
+    @property
     def wake(self) -> Path:
         """FIFO the daemon listens on; a byte written here makes it tick at once."""
         return self.root / "wake"

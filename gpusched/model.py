@@ -179,6 +179,7 @@ class Suite(Struct, frozen=True, kw_only=True):
     limits: Limits = field(default_factory=Limits)
     jobs: tuple[JobSpec, ...] = ()
     description: str = ""
+    notify: str | None = None  # sh command the daemon runs when a job fails, a suite ends (notify.py)
 
 
 class GpuPlan(Struct, frozen=True, kw_only=True):

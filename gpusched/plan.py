@@ -33,7 +33,7 @@ MAX_TIERS = 8
 
 _TOP_KEYS = (
     "description", "command", "workdir", "base_config", "env", "config", "batch",
-    "matrix", "job", "jobs", "pairs", "tiers", "resume", "retry", "limits",
+    "matrix", "job", "jobs", "pairs", "tiers", "resume", "retry", "limits", "notify",
 )  # fmt: skip
 _TIER_KEYS = ("name", "env", "config", "batch", "exclusive", "min_free_mib", "description")
 
@@ -128,6 +128,7 @@ def load_suite(ref: str, *, cwd: Path, name: str | None = None) -> Suite:
         limits=_limits(w.at("limits"), raw.get("limits")),
         jobs=tuple(job for job, _ in jobs),
         description=_description(w.at("description"), raw.get("description")),
+        notify=None if raw.get("notify") is None else yf.text(w.at("notify"), raw["notify"], _NOTIFY_EXAMPLE),
         pairs=pairs,
         pairs_template=matrix.pairs_template(w, raw, grid),
     )
@@ -212,6 +213,9 @@ def _shell_syntax_error(command: str) -> str | None:
     lines = r.stderr.strip().splitlines()
     said = lines[-1] if lines else f"exit {r.returncode}"
     return said.split("Syntax error: ", 1)[-1] if "Syntax error: " in said else said
+
+
+_NOTIFY_EXAMPLE = """notify: 'curl -s -d "$GPUSCHED_MESSAGE" ntfy.sh/my-lab-gpus'"""
 
 
 def _description(w: yf.Where, value: Any) -> str:

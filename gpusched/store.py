@@ -410,6 +410,32 @@ class Store:
         seen = [SuiteActivity(name, bool(active), last) for name, active, last in self.db.execute(sql)]
         return sorted(seen, key=lambda a: (a.last, a.name))
 
+    def events_after(self, event_id: int, kinds: Collection[str]) -> list[tuple[int, str | None, str, str]]:
+        """``(id, job_id, kind, message)`` of the events after ``event_id`` of these ``kinds``,
+        in order (a walk of the newest rows: ids only grow)."""
+        marks = ",".join("?" * len(kinds))
+        sql = f"SELECT id, job_id, kind, message FROM events WHERE id > ? AND kind IN ({marks}) ORDER BY id"
+        return [(r[0], r[1], r[2], r[3]) for r in self.db.execute(sql, (event_id, *kinds))]
+
+    def last_event_id(self) -> int:
+        return self.db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
+
+    def notify_target(self, name: str) -> tuple[str, str, str | None] | None:
+        """The plan's ``notify:`` command of suite ``name``, its workdir and the saved
+        environment of the shell that submitted it; None when the plan has none."""
+        r = self.db.execute(
+            "SELECT json_extract(spec, '$.notify'), json_extract(spec, '$.workdir'), env_path FROM suites"
+            " WHERE name = ?",
+            (name,),
+        ).fetchone()
+        return (r[0], r[1], r[2]) if r is not None and r[0] else None
+
+    def suite_ended(self, name: str) -> bool:
+        """Whether ``name`` has jobs and none of them is queued or running (an index lookup)."""
+        q = "SELECT EXISTS (SELECT 1 FROM jobs WHERE suite = ?), EXISTS (SELECT 1 FROM jobs WHERE suite = ?"
+        has, open_ = self.db.execute(q + " AND ended_at IS NULL)", (name, name)).fetchone()
+        return bool(has) and not open_
+
     def counts_by_suite(self, suites: Collection[str]) -> dict[str, dict[str, int]]:
         """The jobs of each of ``suites`` per state (only states it has)."""
         where, args = suite_filter(suites)

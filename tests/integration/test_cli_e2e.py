@@ -92,6 +92,40 @@ def test_submit_wait_status_logs(gs_home: Path, project: Path, backend: str) -> 
     assert "done: steps=6" in done.stdout
 
 
+def test_the_plans_notify_command_hears_of_a_failed_job_and_of_the_suites_end(
+    gs_home: Path, project: Path
+) -> None:
+    """A plan's ``notify:`` runs, from the daemon, for the job that failed for good and once
+    for the suite's end, with the notice in variables (the reason's quotes and colons intact),
+    in the workdir and the submitting shell's environment; a job that walked down the OOM
+    ladder to success is no news."""
+    notify = r"""
+notify: |
+  printf '%s|%s|%s|%s|%s\n' "$GPUSCHED_EVENT" "$GPUSCHED_SUITE" "$GPUSCHED_JOB_ID" "$GPUSCHED_MESSAGE" \
+    "$LAB_TOPIC" >> notices.txt
+"""
+    write_plan(project, "t", PLAN + notify)
+    env = {**FAKE, "LAB_TOPIC": "gpus-of-lab-7"}
+    r = run_cli(
+        "submit", "--suite", "t", "--gpu-plan", "2,1", "--backend", "subprocess", cwd=project, env=env
+    )
+    assert r.returncode == 0, r.stderr
+    assert run_cli("wait", "--suite", "t", "--timeout", "120", "--quiet", cwd=project).returncode == 1
+    notices = project / "notices.txt"
+
+    def both() -> list[str]:
+        lines = notices.read_text().splitlines() if notices.exists() else []
+        return lines if len(lines) >= 2 else []
+
+    failed, done = retry_until(both, timeout=30)
+    event, suite, job, message, topic = failed.split("|")
+    assert (event, suite, job, topic) == ("failed", "t", "t/broken", "gpus-of-lab-7")
+    assert message.startswith("t/broken failed: ") and "ValueError: label column missing" in message
+    assert done == "done|t||t done: 5 succeeded, 1 failed|gpus-of-lab-7"
+    logged = Home.from_env().notify_log.read_text()
+    assert "failed t: t/broken failed: " in logged and "done t: t done: 5 succeeded, 1 failed" in logged
+
+
 def test_logs_follow_waits_for_a_queued_job_and_follows_it_through_its_requeues(
     gs_home: Path, project: Path
 ) -> None:

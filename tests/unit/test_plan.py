@@ -221,6 +221,8 @@ def test_unknown_keys_suggest(tmp_path: Path, extra: str, where: str, suggestion
         ("tiers: [{name: A, min_free_mib: -1}]\n", ("tiers[0].min_free_mib: must be a whole number >= 0",)),
         ("tiers: [{name: A, min_free_mib: 1.5}]\n", ("tiers[0].min_free_mib",)),
         ("description: [a]\n", ("description: must be non-empty text",)),
+        ("notify: 5\n", ("notify: must be non-empty text", 'e.g. notify: \'curl -s -d "$GPUSCHED_MESSAGE"')),
+        ("notify: '  '\n", ("notify: must be non-empty text",)),
         ("batch: {size_key: 3}\n", ("batch.size_key: must be non-empty text",)),
         ("batch: {size_key: a..b}\n", ("batch.size_key", "empty part")),
         ("base_config: 3\n", ("base_config: must be non-empty text",)),

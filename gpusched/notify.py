@@ -1,0 +1,144 @@
+"""Telling the user while the night runs: a plan's ``notify:`` command, which the daemon runs
+when one of the suite's jobs fails for good, when a GPU is taken out of service under one of
+its jobs, and when the suite's last job ends.
+
+What happened is read from the store's ``events`` (every transition writes one), after a
+cursor: whatever moved a job (a reap, a failed launch, a ``cancel`` from another shell) is
+seen the same way, and a restarted daemon goes on from where the last one was. The cursor is
+saved before a command runs, so a notice is sent at most once (a crash in between loses it
+rather than sending it twice). :func:`notices` turns events into notices and touches nothing;
+:class:`Notifier` is the daemon's edge that reads, saves and runs.
+
+The command runs in the background with ``sh``, in the suite's workdir, in the environment of
+the shell that submitted it, plus ``GPUSCHED_EVENT`` (``failed``, ``gpu_out`` or ``done``),
+``GPUSCHED_SUITE``, ``GPUSCHED_JOB_ID`` (empty for ``done``) and ``GPUSCHED_MESSAGE`` (one
+line). Values reach it as variables, never pasted into the command text, so a message with
+quotes in it cannot change what runs. Its output goes to ``notify.log`` in the state
+directory, after a line naming the notice.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from msgspec import Struct
+
+from gpusched import proc
+from gpusched.home import Home
+from gpusched.store import Store
+
+log = logging.getLogger(__name__)
+
+#: Event kinds that can make a notice: a job failed, ended otherwise, a card out of service.
+KINDS = ("fail", "done", "cancel", "gpu_out")
+#: Where the cursor (the last event looked at) is kept, as a store flag.
+CURSOR_FLAG = "notify_cursor"
+#: The cursor is saved at least this often when nothing is sent (and always before a send).
+SAVE_EVERY_S = 60.0
+#: Runs the plan's command: sources the submitting shell's environment ($1), goes to the
+#: workdir ($2), exports the notice ($3-$6) and runs the command ($7).
+SCRIPT = (
+    '[ -r "$1" ] && . "$1"\n'
+    'cd "$2" || exit 1\n'
+    'export GPUSCHED_EVENT="$3" GPUSCHED_SUITE="$4" GPUSCHED_JOB_ID="$5" GPUSCHED_MESSAGE="$6"\n'
+    'eval "$7"\n'
+)
+
+
+class Notice(Struct, frozen=True, kw_only=True):
+    event: str  # failed, gpu_out or done
+    suite: str
+    job_id: str  # "" for done
+    message: str
+
+
+def notices(
+    events: Sequence[tuple[int, str | None, str, str]],
+    *,
+    ended: Callable[[str], bool],
+    counts: Callable[[str], dict[str, int]],
+) -> list[Notice]:
+    """The notices of ``events`` (``(id, job_id, kind, message)``, in order): each job that
+    failed, each card taken out of service under a job, then each suite that one of these
+    events ended (``ended``: it has no job queued or running now), with its jobs by state."""
+    out: list[Notice] = []
+    touched: list[str] = []
+    for _, job_id, kind, message in events:
+        if not job_id:
+            continue  # a card found broken with no job on it: no suite to tell
+        suite = job_id.split("/", 1)[0]
+        if kind == "fail":
+            said = f"{job_id} failed: {message}"
+            out.append(Notice(event="failed", suite=suite, job_id=job_id, message=said))
+        elif kind == "gpu_out":
+            said = f"{message} (under {job_id})"
+            out.append(Notice(event="gpu_out", suite=suite, job_id=job_id, message=said))
+        if suite not in touched:
+            touched.append(suite)
+    for suite in touched:
+        if ended(suite):
+            c = counts(suite)
+            ends = ("succeeded", "failed", "cancelled")
+            jobs = ", ".join(f"{n} {state}" for state in ends if (n := c.get(state)))
+            out.append(Notice(event="done", suite=suite, job_id="", message=f"{suite} done: {jobs}"))
+    return out
+
+
+class Notifier:
+    """The daemon's side: after each tick, :meth:`check` reads the new events, saves the
+    cursor and runs the suites' commands for their notices. ``spawn`` starts a command
+    (tests pass their own)."""
+
+    def __init__(
+        self,
+        store: Store,
+        home: Home,
+        *,
+        spawn: Callable[..., Any] = proc.spawn,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store, self.home, self.spawn, self.clock = store, home, spawn, clock
+        saved = store.flag(CURSOR_FLAG)
+        # a queue's first daemon with notices starts from now: what happened before is not news
+        self.cursor = int(saved) if saved else store.last_event_id()
+        self.saved_at = float("-inf") if not saved else clock()
+        self.saved = self.cursor if saved else -1
+
+    def check(self) -> list[Notice]:
+        """Send what happened since the last check; the notices sent."""
+        events = self.store.events_after(self.cursor, KINDS)
+        if events:
+            self.cursor = events[-1][0]
+        todo: list[tuple[Notice, tuple[str, str, str | None]]] = []
+        if events:
+            targets: dict[str, tuple[str, str, str | None] | None] = {}
+            for n in notices(
+                events,
+                ended=self.store.suite_ended,
+                counts=lambda s: self.store.counts(suites=[s]),
+            ):
+                if n.suite not in targets:
+                    targets[n.suite] = self.store.notify_target(n.suite)
+                if (target := targets[n.suite]) is not None:
+                    todo.append((n, target))
+        if self.cursor != self.saved and (todo or self.clock() - self.saved_at >= SAVE_EVERY_S):
+            self.store.set_flag(CURSOR_FLAG, str(self.cursor))  # before a send: at most once
+            self.saved, self.saved_at = self.cursor, self.clock()
+        for n, target in todo:
+            self._run(n, *target)
+        return [n for n, _ in todo]
+
+    def _run(self, n: Notice, command: str, workdir: str, env_path: str | None) -> None:
+        notice = [n.event, n.suite, n.job_id, n.message]
+        argv = ["sh", "-c", SCRIPT, "sh", env_path or "", workdir, *notice, command]
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        try:
+            with open(self.home.notify_log, "a", encoding="utf-8") as out:
+                out.write(f"{stamp} {n.event} {n.suite}: {n.message}\n")
+                out.flush()
+                self.spawn(argv, stdout=out, stderr=out)
+        except Exception:  # telling the user never stops the scheduling
+            log.exception("notify: could not run the command of suite %s for %s", n.suite, n.event)

@@ -1,0 +1,90 @@
+"""A plan's ``notify:`` command: which events make a notice, that each is sent once (across
+daemon restarts too), only for suites whose plan has a command, and that the command gets
+the notice in variables, whatever characters the message holds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from msgspec.structs import replace
+
+from gpusched import notify, proc
+from gpusched.home import Home
+from gpusched.model import GpuPlan, JobSpec
+from tests.helpers import retry_until
+from tests.unit.test_memory_scheduler import Box, make_suite
+
+
+class Spawned:
+    """A stand-in for ``proc.spawn`` that keeps the notices it was asked to send."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, str, str]] = []
+
+    def __call__(self, argv: list[str], **_: Any) -> None:
+        self.sent.append(tuple(argv[6:10]))  # type: ignore[arg-type]
+
+
+def night(tmp_path: Path, name: str = "E1", command: str | None = "true", n: int = 3) -> Box:
+    box = Box(tmp_path, GpuPlan(gpus=(0, 1, 2), slots=(1, 1, 1)), cards="3x24GiB")
+    suite = replace(make_suite(tmp_path, n), name=name, notify=command)
+    box.submit(replace(suite, jobs=tuple(replace(j, suite=name) for j in suite.jobs)))
+    return box
+
+
+def test_a_failed_job_and_the_suites_end_are_told_once_even_after_a_restart(tmp_path: Path) -> None:
+    box = night(tmp_path)
+    (tmp_path / "home").mkdir()
+    home, spawned = Home(tmp_path / "home"), Spawned()
+    notifier = notify.Notifier(box.store, home, spawn=spawned)
+    box.tick()
+    box.ex.finish(box.ex.token_of("E1/0-qnli"), exit_code=1, output="ValueError: bad 'label' column\n")
+    box.ex.finish(box.ex.token_of("E1/1-qnli"), exit_code=0)
+    box.tick()
+    assert notifier.check() and spawned.sent == [
+        ("failed", "E1", "E1/0-qnli", "E1/0-qnli failed: ValueError: bad 'label' column")
+    ]
+    assert notifier.check() == []  # nothing new
+    box.store.request_cancel(["E1/2-qnli"])  # the last one, cancelled from another shell
+    box.tick()
+    box.tick()  # (stopped by the first, reaped by the second)
+    assert [n.event for n in notifier.check()] == ["done"]
+    assert spawned.sent[-1] == ("done", "E1", "", "E1 done: 1 succeeded, 1 failed, 1 cancelled")
+    again = Spawned()
+    assert notify.Notifier(box.store, home, spawn=again).check() == [] and again.sent == []  # a restart
+    assert "done E1: E1 done: 1 succeeded, 1 failed, 1 cancelled" in home.notify_log.read_text()
+
+
+def test_what_came_before_the_first_daemon_is_not_news_and_no_command_no_notice(tmp_path: Path) -> None:
+    box = night(tmp_path)
+    (tmp_path / "home").mkdir()
+    home, spawned = Home(tmp_path / "home"), Spawned()
+    box.tick()
+    box.ex.finish(box.ex.token_of("E1/0-qnli"), exit_code=1, output="boom\n")
+    box.tick()
+    notifier = notify.Notifier(box.store, home, spawn=spawned)  # the queue's first, after that failure
+    assert notifier.check() == []
+    quiet = replace(make_suite(tmp_path, 1, task="rte"), name="E2")  # a plan without notify:
+    box.submit(replace(quiet, jobs=(JobSpec(suite="E2", name="0-rte", task="rte"),)))
+    for job_id in ("E1/1-qnli", "E1/2-qnli"):
+        box.ex.finish(box.ex.token_of(job_id), exit_code=0)
+    box.tick()
+    box.ex.finish(box.ex.token_of("E2/0-rte"), exit_code=1, output="boom\n")
+    box.tick()
+    assert [(n.event, n.message) for n in notifier.check()] == [("done", "E1 done: 2 succeeded, 1 failed")]
+    assert spawned.sent == [("done", "E1", "", "E1 done: 2 succeeded, 1 failed")]
+
+
+def test_the_command_gets_the_notice_in_variables_in_the_workdir(tmp_path: Path) -> None:
+    """The real ``sh``: quotes, ``$`` and backticks in a message stay text."""
+    box = night(tmp_path, command='printf "%s\\n" "$GPUSCHED_MESSAGE" "$(pwd)" > told.txt')
+    (tmp_path / "home").mkdir()
+    notifier = notify.Notifier(box.store, Home(tmp_path / "home"), spawn=proc.spawn)
+    box.tick()
+    box.ex.finish(box.ex.token_of("E1/0-qnli"), exit_code=1, output="Error: `rm -rf x` said \"$HOME\" 'no'\n")
+    box.tick()
+    assert len(notifier.check()) == 1
+    told = tmp_path / "told.txt"
+    lines = retry_until(lambda: told.exists() and told.read_text().splitlines())
+    assert lines == ["E1/0-qnli failed: Error: `rm -rf x` said \"$HOME\" 'no'", str(tmp_path)]
