@@ -54,9 +54,9 @@ CREATE INDEX IF NOT EXISTS jobs_not_before ON jobs(state, not_before);
 -- the queued jobs' kinds (status's predictions) by suite, task and tier, without sorting the queue
 CREATE INDEX IF NOT EXISTS jobs_kinds ON jobs(state, attempts, suite, task, tier, seq);
 -- which suites plain status shows: whether one has a job not ended (ended_at is NULL exactly
--- while a job is queued or running), when its last job ended, its jobs per state; all without
--- reading the jobs
-CREATE INDEX IF NOT EXISTS jobs_ended ON jobs(suite, ended_at, state);
+-- while a job is queued or running) and when its last job ended, without reading its jobs (not
+-- the state too: the daemon would rewrite the entry at each of a job's moves, not at its end)
+CREATE INDEX IF NOT EXISTS jobs_ended ON jobs(suite, ended_at);
 CREATE TABLE IF NOT EXISTS attempts (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     job_id TEXT NOT NULL REFERENCES jobs(id),

@@ -99,7 +99,7 @@ def queued_kinds(
     """The kinds (:data:`_KIND`) of the queued jobs (of ``suites``; the first ``limit`` of
     them in submission order), each with the id of its first queued job standing for it,
     and the groups of those jobs (:data:`Group`) with their kinds."""
-    where, args = suite_filter(suites, "+suite")  # the queue by the state's index, as job_entries
+    where, args = suite_filter(suites)
     where = "state = 'queued'" + (f" AND {where}" if where else "")
     order = "" if limit is None else f" ORDER BY seq LIMIT {int(limit)}"
     # The jobs that never ran come one row per suite, task and tier (a walk of the jobs_kinds
