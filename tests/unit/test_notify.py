@@ -88,3 +88,20 @@ def test_the_command_gets_the_notice_in_variables_in_the_workdir(tmp_path: Path)
     told = tmp_path / "told.txt"
     lines = retry_until(lambda: told.exists() and told.read_text().splitlines())
     assert lines == ["E1/0-qnli failed: Error: `rm -rf x` said \"$HOME\" 'no'", str(tmp_path)]
+
+
+def test_a_card_out_of_service_under_a_job_is_told_and_one_with_no_job_is_not() -> None:
+    events = [
+        (7, "E1/3-rte", "gpu_out", "GPU 3 out of service: uncorrectable ECC error encountered"),
+        (8, None, "gpu_out", "GPU 5 out of service: the driver finds the card gone"),
+        (9, "E1/3-rte", "requeue", "requeued at A elsewhere"),  # (not a kind that is read)
+    ]
+    told = notify.notices(events, ended=lambda suite: False, counts=lambda suite: {})
+    assert told == [
+        notify.Notice(
+            event="gpu_out",
+            suite="E1",
+            job_id="E1/3-rte",
+            message="GPU 3 out of service: uncorrectable ECC error encountered (under E1/3-rte)",
+        )
+    ]
