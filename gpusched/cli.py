@@ -147,7 +147,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     if want("status"):
         s = sub.add_parser("status", help="GPUs and jobs at a glance")
-        s.add_argument("--suite")
+        s.add_argument("--suite", help="only this suite's jobs, however long ago it ran")
         s.add_argument("--json", action="store_true", help="machine-readable, stable keys")
         s.add_argument(
             "--fields",
@@ -203,7 +203,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     if want("wait"):
         s = sub.add_parser("wait", help="wait for a suite to finish; exit 0 if all succeeded, 1 otherwise")
-        s.add_argument("--suite")
+        s.add_argument("--suite", help="the suite to wait for (default: the suites that run meanwhile)")
         s.add_argument(
             "--timeout", type=_at_least(0, float), help="give up after this many seconds (exit 124)"
         )

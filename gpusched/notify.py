@@ -101,6 +101,7 @@ class Notifier:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store, self.home, self.spawn, self.clock = store, home, spawn, clock
+        self.children: list[Any] = []  # commands started and not yet seen to end (then reaped)
         saved = store.flag(CURSOR_FLAG)
         # a queue's first daemon with notices starts from now: what happened before is not news
         self.cursor = int(saved) if saved else store.last_event_id()
@@ -109,6 +110,7 @@ class Notifier:
 
     def check(self) -> list[Notice]:
         """Send what happened since the last check; the notices sent."""
+        self.children = [c for c in self.children if c.poll() is None]  # no zombie left till the next job
         events = self.store.events_after(self.cursor, KINDS)
         if events:
             self.cursor = events[-1][0]
@@ -139,6 +141,9 @@ class Notifier:
             with open(self.home.notify_log, "a", encoding="utf-8") as out:
                 out.write(f"{stamp} {n.event} {n.suite}: {n.message}\n")
                 out.flush()
-                self.spawn(argv, stdout=out, stderr=out)
+                child = self.spawn(argv, stdout=out, stderr=out)
         except Exception:  # telling the user never stops the scheduling
             log.exception("notify: could not run the command of suite %s for %s", n.suite, n.event)
+        else:
+            if child is not None:
+                self.children.append(child)

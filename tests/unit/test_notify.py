@@ -88,6 +88,7 @@ def test_the_command_gets_the_notice_in_variables_in_the_workdir(tmp_path: Path)
     told = tmp_path / "told.txt"
     lines = retry_until(lambda: told.exists() and told.read_text().splitlines())
     assert lines == ["E1/0-qnli failed: Error: `rm -rf x` said \"$HOME\" 'no'", str(tmp_path)]
+    retry_until(lambda: notifier.check() == [] and not notifier.children)  # ended, and reaped: no zombie
 
 
 def test_a_card_out_of_service_under_a_job_is_told_and_one_with_no_job_is_not() -> None:
