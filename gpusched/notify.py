@@ -1,6 +1,7 @@
 """Telling the user while the night runs: a plan's ``notify:`` command, which the daemon runs
 when one of the suite's jobs fails for good, when a GPU is taken out of service under one of
-its jobs, and when the suite's last job ends.
+its jobs, when launches start to wait for the machine (a disk nearly full) while it has jobs
+queued, and when the suite's last job ends.
 
 What happened is read from the store's ``events`` (every transition writes one), after a
 cursor: whatever moved a job (a reap, a failed launch, a ``cancel`` from another shell) is
@@ -9,12 +10,13 @@ saved before a command runs, so a notice is sent at most once (a crash in betwee
 rather than sending it twice). :func:`notices` turns events into notices and touches nothing;
 :class:`Notifier` is the daemon's edge that reads, saves and runs.
 
-The command runs in the background with ``sh``, in the suite's workdir, in the environment of
-the shell that submitted it, plus ``GPUSCHED_EVENT`` (``failed``, ``gpu_out`` or ``done``),
-``GPUSCHED_SUITE``, ``GPUSCHED_JOB_ID`` (empty for ``done``) and ``GPUSCHED_MESSAGE`` (one
-line). Values reach it as variables, never pasted into the command text, so a message with
-quotes in it cannot change what runs. Its output goes to ``notify.log`` in the state
-directory, after a line naming the notice.
+The command runs in the background with ``sh``, in the suite's workdir, in the environment
+of the shell that submitted it, plus ``GPUSCHED_EVENT`` (``failed``, ``gpu_out``,
+``waiting`` or ``done``), ``GPUSCHED_SUITE``, ``GPUSCHED_JOB_ID`` (the job's, for ``failed``
+and ``gpu_out``; else empty) and ``GPUSCHED_MESSAGE`` (one line). Values reach it as
+variables, never pasted into the command text, so a message with quotes in it cannot change
+what runs. Its output goes to ``notify.log`` in the state directory, after a line naming the
+notice.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 from msgspec import Struct
 
 from gpusched import proc
+from gpusched.disk import LAUNCH_WAIT_FLAG
 from gpusched.home import Home
 from gpusched.store import Store
 
@@ -49,9 +52,9 @@ SCRIPT = (
 
 
 class Notice(Struct, frozen=True, kw_only=True):
-    event: str  # failed, gpu_out or done
+    event: str  # failed, gpu_out, waiting or done
     suite: str
-    job_id: str  # "" for done
+    job_id: str  # "" for waiting and done
     message: str
 
 
@@ -107,6 +110,7 @@ class Notifier:
         self.cursor = int(saved) if saved else store.last_event_id()
         self.saved_at = float("-inf") if not saved else clock()
         self.saved = self.cursor if saved else -1
+        self.waiting = store.flag(LAUNCH_WAIT_FLAG) is not None  # launches already waiting: not news
 
     def check(self) -> list[Notice]:
         """Send what happened since the last check; the notices sent."""
@@ -114,24 +118,40 @@ class Notifier:
         events = self.store.events_after(self.cursor, KINDS)
         if events:
             self.cursor = events[-1][0]
+        found = (
+            notices(events, ended=self.store.suite_ended, counts=lambda s: self.store.counts(suites=[s]))
+            if events
+            else []
+        )
+        found += self._waits()
         todo: list[tuple[Notice, tuple[str, str, str | None]]] = []
-        if events:
-            targets: dict[str, tuple[str, str, str | None] | None] = {}
-            for n in notices(
-                events,
-                ended=self.store.suite_ended,
-                counts=lambda s: self.store.counts(suites=[s]),
-            ):
-                if n.suite not in targets:
-                    targets[n.suite] = self.store.notify_target(n.suite)
-                if (target := targets[n.suite]) is not None:
-                    todo.append((n, target))
+        targets: dict[str, tuple[str, str, str | None] | None] = {}
+        for n in found:
+            if n.suite not in targets:
+                targets[n.suite] = self.store.notify_target(n.suite)
+            if (target := targets[n.suite]) is not None:
+                todo.append((n, target))
         if self.cursor != self.saved and (todo or self.clock() - self.saved_at >= SAVE_EVERY_S):
             self.store.set_flag(CURSOR_FLAG, str(self.cursor))  # before a send: at most once
             self.saved, self.saved_at = self.cursor, self.clock()
         for n, target in todo:
             self._run(n, *target)
         return [n for n, _ in todo]
+
+    def _waits(self) -> list[Notice]:
+        """A ``waiting`` notice for each suite with jobs queued, once when launches start to
+        wait for the machine (a disk low, a pause after a launch failed for want of a
+        resource: ``disk.LAUNCH_WAIT_FLAG``, which the scheduler writes), not again until they
+        have resumed: the night stalls there until someone frees the disk."""
+        why = self.store.flag(LAUNCH_WAIT_FLAG)
+        news, self.waiting = why is not None and not self.waiting, why is not None
+        if not news:
+            return []
+        said = f"launches wait: {why}"
+        return [
+            Notice(event="waiting", suite=suite, job_id="", message=said)
+            for suite in sorted(self.store.active_suites())
+        ]
 
     def _run(self, n: Notice, command: str, workdir: str, env_path: str | None) -> None:
         notice = [n.event, n.suite, n.job_id, n.message]

@@ -106,3 +106,27 @@ def test_a_card_out_of_service_under_a_job_is_told_and_one_with_no_job_is_not() 
             message="GPU 3 out of service: uncorrectable ECC error encountered (under E1/3-rte)",
         )
     ]
+
+
+def test_launches_that_start_to_wait_for_the_machine_are_told_once_a_pause(tmp_path: Path) -> None:
+    """A disk filling up stalls the night: launches wait (the scheduler's ``launch_wait``
+    flag), and each suite with jobs queued hears of it once, not at every tick it lasts."""
+    from gpusched.disk import LAUNCH_WAIT_FLAG
+
+    box = night(tmp_path, n=5)  # 3 run, 2 queued
+    (tmp_path / "home").mkdir()
+    spawned = Spawned()
+    notifier = notify.Notifier(box.store, Home(tmp_path / "home"), spawn=spawned)
+    box.tick()
+    low = "the disk of /data holds 0.4 GiB free (under 1.0 GiB): free some space"
+    box.store.set_flag(LAUNCH_WAIT_FLAG, low)
+    assert [(n.event, n.suite, n.message) for n in notifier.check()] == [
+        ("waiting", "E1", f"launches wait: {low}")
+    ]
+    box.store.set_flag(LAUNCH_WAIT_FLAG, low.replace("0.4", "0.3"))
+    assert notifier.check() == []  # the same pause
+    box.store.set_flag(LAUNCH_WAIT_FLAG, None)
+    assert notifier.check() == []  # resumed: no news
+    box.store.set_flag(LAUNCH_WAIT_FLAG, low)
+    assert [n.event for n in notifier.check()] == ["waiting"]  # a new pause
+    assert [s[0] for s in spawned.sent] == ["waiting", "waiting"]
