@@ -1,7 +1,7 @@
 """Telling the user while the night runs: a plan's ``notify:`` command, which the daemon runs
 when one of the suite's jobs fails for good, when a GPU is taken out of service under one of
 its jobs, when launches start to wait for the machine (a disk nearly full) while it has jobs
-queued, and when the suite's last job ends.
+queued or running, and when the suite's last job ends.
 
 What happened is read from the store's ``events`` (every transition writes one), after a
 cursor: whatever moved a job (a reap, a failed launch, a ``cancel`` from another shell) is
@@ -139,8 +139,8 @@ class Notifier:
         return [n for n, _ in todo]
 
     def _waits(self) -> list[Notice]:
-        """A ``waiting`` notice for each suite with jobs queued, once when launches start to
-        wait for the machine (a disk low, a pause after a launch failed for want of a
+        """A ``waiting`` notice for each suite with jobs queued or running, once when launches
+        start to wait for the machine (a disk low, a pause after a launch failed for want of a
         resource: ``disk.LAUNCH_WAIT_FLAG``, which the scheduler writes), not again until they
         have resumed: the night stalls there until someone frees the disk."""
         why = self.store.flag(LAUNCH_WAIT_FLAG)

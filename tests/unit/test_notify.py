@@ -110,7 +110,7 @@ def test_a_card_out_of_service_under_a_job_is_told_and_one_with_no_job_is_not() 
 
 def test_launches_that_start_to_wait_for_the_machine_are_told_once_a_pause(tmp_path: Path) -> None:
     """A disk filling up stalls the night: launches wait (the scheduler's ``launch_wait``
-    flag), and each suite with jobs queued hears of it once, not at every tick it lasts."""
+    flag), and each suite with jobs queued or running hears of it once, not at every tick it lasts."""
     from gpusched.disk import LAUNCH_WAIT_FLAG
 
     box = night(tmp_path, n=5)  # 3 run, 2 queued
