@@ -154,12 +154,13 @@ class Notifier:
         ]
 
     def _run(self, n: Notice, command: str, workdir: str, env_path: str | None) -> None:
-        notice = [n.event, n.suite, n.job_id, n.message]
+        message = " ".join(n.message.split())  # one line, whatever the reason held
+        notice = [n.event, n.suite, n.job_id, message]
         argv = ["sh", "-c", SCRIPT, "sh", env_path or "", workdir, *notice, command]
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         try:
             with open(self.home.notify_log, "a", encoding="utf-8") as out:
-                out.write(f"{stamp} {n.event} {n.suite}: {n.message}\n")
+                out.write(f"{stamp} {n.event} {n.suite}: {message}\n")
                 out.flush()
                 child = self.spawn(argv, stdout=out, stderr=out)
         except Exception:  # telling the user never stops the scheduling
