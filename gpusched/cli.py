@@ -255,9 +255,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         s.add_argument(
             "--trace",
             help='JSON/YAML: {"jobs": [{"name", "task", "peak_mib", "duration_s",'
-            ' "ramp_s"} or with "tiers": [{"peak_mib", "duration_s", "ramp_s"}, ...]], "outsiders":'
-            ' [{"gpu", "mib", "start_s", "end_s"}], "noise": 0.03} (default: each task\'s peaks and'
-            " run times as this queue measured them, made up for tasks with no finished run)",
+            ' "ramp_s", "util"} or with "tiers": [{"peak_mib", "duration_s", "ramp_s", "util"}, ...]],'
+            ' "outsiders": [{"gpu", "mib", "start_s", "end_s"}], "noise": 0.03} ("util": the share of'
+            " its card a run keeps busy alone, 0-1; default: each task's peaks, run times and util as"
+            " this queue measured them, made up for tasks with no finished run)",
         )
         s.add_argument(
             "--made-up",

@@ -240,6 +240,9 @@ def _history_trace(
     from gpusched.placement import DEFAULT_HEADROOM_FRAC
 
     peaks, runs = history
+    utils, slow = _queue_sharing(args)
+    # how long each measured run would have taken with its card to itself
+    runs = {t: [_alone(r, slow) for r in rs] for t, rs in runs.items()}
     jobs = [(j.id, j.name, j.task) for j in suite.jobs]
     # a job placed alone on an empty card is placed with that card's room, as placement sees it
     rooms = memory.rooms(FakeProbe(totals).snapshot(), {}, DEFAULT_HEADROOM_FRAC)
@@ -251,8 +254,38 @@ def _history_trace(
         seed=args.seed,
         card_mib=max(totals),
         whole_mib=min(rooms.values()),
+        utils=utils,
     )
-    return made.trace, made.summary()
+    return made.trace, f"{made.summary()}\n{made.sharing()}"
+
+
+def _alone(run: Any, slow: dict[int, float]) -> Any:
+    from msgspec.structs import replace
+
+    return replace(run, seconds=run.seconds / slow.get(run.attempt_id, 1.0))
+
+
+def _queue_sharing(args: argparse.Namespace) -> tuple[dict[tuple[str, int], float], dict[int, float]]:
+    """What sharing a card cost in this queue (:mod:`gpusched.sharing`): per (task, tier) the
+    share of its card a run alone kept busy, and per successful attempt how many times longer
+    than alone it ran; nothing with ``--made-up`` or without a queue."""
+    from gpusched.home import Home
+
+    db = Home.from_env().db
+    if args.made_up or not db.exists():
+        return {}, {}
+    from gpusched import sharing
+    from gpusched.store import Store
+
+    store = Store(db, readonly=True)
+    try:
+        spans = [sharing.Span(*row) for row in store.attempt_spans()]
+        since = min((s.start for s in spans), default=0.0)
+        samples = [(r["at"], r["gpu"], r["util_pct"]) for r in store.gpu_samples(since=since)]
+    finally:
+        store.close()
+    utils = sharing.alone_utils(spans, samples)
+    return utils, sharing.slowdowns(spans, utils)
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:

@@ -226,7 +226,9 @@ def _rows(store: Store, where: str, keys: Sequence[object], tasks: Sequence[str]
             )
             run = None
             if result == Outcome.OK and started is not None and ended is not None and ended > started:
-                run = predict.RunSample(job_id=job_id, task=task, tier=tier, seconds=ended - started)
+                run = predict.RunSample(
+                    job_id=job_id, task=task, tier=tier, seconds=ended - started, attempt_id=attempt_id
+                )
             yield attempt_id, sample, run
 
 

@@ -139,6 +139,7 @@ class RunSample(Struct, frozen=True, kw_only=True):
     task: str
     tier: int
     seconds: float
+    attempt_id: int = 0  # (0: not known)
 
 
 class Duration(Struct, frozen=True, kw_only=True):

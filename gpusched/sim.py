@@ -98,8 +98,11 @@ RAMP_S = 120.0
 
 class TierProfile(Struct, frozen=True, kw_only=True):
     peak_mib: int
-    duration_s: float
+    duration_s: float  # alone on its card
     ramp_s: float = RAMP_S
+    # the share of its card's time it keeps busy alone (NVML's util / 100): a card whose jobs
+    # want more than all of it runs each of them slower by their total (0: sharing is free)
+    util: float = 0.0
 
 
 class TraceJob(Struct, frozen=True, kw_only=True):
@@ -176,7 +179,9 @@ def load_trace(path: str | Path) -> Trace:
          "outsiders": [{"gpu": 3, "mib": 8000, "start_s": 0, "end_s": 7200}]}
 
     A job given by tier-A figures only (``peak_mib``, ``duration_s``, ``ramp_s``) gets the
-    other tiers from :func:`ladder_profiles`."""
+    other tiers from :func:`ladder_profiles`. ``util`` (a tier's, or the job's for every
+    tier; default 0): the share of its card's time a run keeps busy alone, e.g. 0.9 for a
+    compute-bound trainer; cards whose jobs want more than all of it run them slower."""
     import yaml
 
     raw = yaml.safe_load(Path(path).read_text())
@@ -188,6 +193,8 @@ def load_trace(path: str | Path) -> Trace:
             profiles = ladder_profiles(
                 int(j["peak_mib"]), float(j["duration_s"]), float(j.get("ramp_s", 120))
             )
+            if "util" in j:
+                profiles = tuple(replace(p, util=float(j["util"])) for p in profiles)
         jobs.append(TraceJob(name=str(j["name"]), task=str(j.get("task", j["name"])), tiers=profiles))
     outsiders = tuple(Outsider(**_numbers(o, ints=("gpu", "mib", "pid"))) for o in raw.get("outsiders", []))
     return Trace(jobs=tuple(jobs), outsiders=outsiders, noise=float(raw.get("noise", 0.03)))
@@ -408,15 +415,18 @@ class SimResult(Struct, frozen=True, kw_only=True):
 def lower_bound_s(trace: Trace, plan: GpuPlan, totals_mib: Sequence[int]) -> float:
     """A makespan no schedule can beat: the largest of (1) total GPU work / slots, each job at
     its fastest tier that fits a card, (2) total memory-time / total memory, each job at the
-    tier with the least peak x duration, and (3) the longest job at its fastest tier. Each
-    bound holds alone, so their maximum does; it need not be reachable."""
+    tier with the least peak x duration, (3) the longest job at its fastest tier, and (4) the
+    cards' busy time the jobs need (duration x ``util``, the least over their tiers) / cards.
+    Each bound holds alone, so their maximum does; it need not be reachable."""
     cards = [totals_mib[g] for g in plan.gpus if g < len(totals_mib)]
     if not trace.jobs or not cards:
         return 0.0
     fits = [[p for p in j.tiers if p.peak_mib <= max(cards)] or [j.tiers[-1]] for j in trace.jobs]
     fastest = [min(p.duration_s for p in f) for f in fits]
     area = sum(min(p.peak_mib * p.duration_s for p in f) for f in fits)
-    return max(sum(fastest) / max(1, plan.total_slots), area / sum(cards), max(fastest))
+    busy = sum(min(p.duration_s * p.util for p in f) for f in fits)
+    used = sum(1 for g in plan.gpus if g < len(totals_mib) and plan.cap(g))
+    return max(sum(fastest) / max(1, plan.total_slots), area / sum(cards), max(fastest), busy / max(1, used))
 
 
 # --------------------------------------------------------------------------- the simulation
@@ -435,6 +445,8 @@ class _Run(Struct):
     spike_s: float  # elapsed time at which it reaches its peak
     source: str | None
     used_mib: int = 0
+    util: float = 0.0  # TierProfile.util
+    lag_s: float = 0.0  # how much longer than alone it has taken so far, its card being shared
 
     def usage(self, now: float) -> int:
         e = now - self.start_s - STARTUP_S
@@ -685,6 +697,7 @@ class Simulation(Struct, dict=True):  # dict: a run's state, set up by run()
                 ramp_s=ramp,
                 spike_s=spike,
                 source=row["prediction_source"],
+                util=prof.util,
             )
 
     # ------------------------------------------------------------------ physics
@@ -693,7 +706,8 @@ class Simulation(Struct, dict=True):  # dict: a run's state, set up by run()
         """Move every job to ``now``: ends, memory growth, OOMs, outsiders. True if anything
         the scheduler should react to happened."""
         changed = self._outsiders_changed()
-        for run in [r for r in self.runs.values() if self.now - r.start_s >= r.duration_s]:
+        self._share()
+        for run in [r for r in self.runs.values() if self.now - r.start_s - r.lag_s >= r.duration_s]:
             self._finish(run)
             changed = True
         before = len(self.gone)
@@ -707,6 +721,16 @@ class Simulation(Struct, dict=True):  # dict: a run's state, set up by run()
             min(self._card_used(g), t) for g, t in enumerate(self.totals_mib)
         )
         return changed
+
+    def _share(self) -> None:
+        """The last step on a card whose jobs wanted more than all of its time (the sum of
+        their ``util`` over 1) gave each of them 1 / that sum of a step's progress."""
+        wanted: dict[int, float] = {}
+        for r in self.runs.values():
+            wanted[r.gpu] = wanted.get(r.gpu, 0.0) + r.util
+        for r in self.runs.values():
+            if wanted[r.gpu] > 1.0:
+                r.lag_s += self.dt_s * (1.0 - 1.0 / wanted[r.gpu])
 
     def _active_outsiders(self) -> list[Outsider]:
         return [

@@ -412,6 +412,15 @@ class Store:
         seen = [SuiteActivity(name, bool(active), last) for name, active, last in self.db.execute(sql)]
         return sorted(seen, key=lambda a: (a.last, a.name))
 
+    def attempt_spans(self) -> list[tuple[int, str, int, int, float, float | None, bool]]:
+        """``(attempt id, task, tier, gpu, started_at, ended_at, ok)`` of every attempt that
+        started on a GPU (``ended_at`` None while it runs), for :mod:`gpusched.sharing`."""
+        sql = (
+            "SELECT a.id, j.task, a.tier, a.gpu, a.started_at, a.ended_at, a.outcome = 'ok' FROM attempts a"
+            " JOIN jobs j ON j.id = a.job_id WHERE a.gpu IS NOT NULL AND a.started_at IS NOT NULL"
+        )
+        return [(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6])) for r in self.db.execute(sql)]
+
     def events_after(self, event_id: int, kinds: Collection[str]) -> list[tuple[int, str | None, str, str]]:
         """``(id, job_id, kind, message)`` of the events after ``event_id`` of these ``kinds``,
         in order (a walk of the newest rows: ids only grow)."""

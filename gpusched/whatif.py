@@ -16,6 +16,9 @@ can. Per job and tier (pure: the caller reads the samples, :func:`memwatch.recor
 4. else, a task none of whose runs succeeded, made-up figures (:func:`sim.synthetic_trace`).
 
 Ramp-up times are not recorded, so every job ramps as :class:`sim.TierProfile`'s default.
+What sharing a card costs comes from :mod:`gpusched.sharing`: the caller gives run times as
+long as they would have been alone, and each task's share of its card (``utils``), which its
+tiers carry as ``util``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from msgspec import Struct
+from msgspec.structs import replace
 
 from gpusched import predict, sim
 
@@ -33,6 +37,7 @@ class HistoryTrace(Struct, frozen=True, kw_only=True):
     trace: sim.Trace
     measured: dict[str, int]  # task -> successful runs its figures come from
     made_up: tuple[str, ...]  # tasks with no successful run: synthetic figures
+    shared: tuple[str, ...] = ()  # measured tasks whose cost of sharing a card is known
 
     def summary(self) -> str:
         """One line for the command's output."""
@@ -46,6 +51,14 @@ class HistoryTrace(Struct, frozen=True, kw_only=True):
             line += f"; made up for {', '.join(self.made_up)} (no run finished)"
         return line
 
+    def sharing(self) -> str:
+        """One line: for which tasks the replay knows what sharing a card costs."""
+        if not self.shared:
+            return "sharing a card: free (no run had its card alone with its utilisation sampled)"
+        line = f"sharing a card: as costly as runs alone kept their card busy, for {', '.join(self.shared)}"
+        free = [t for t in [*self.measured, *self.made_up] if t not in self.shared]
+        return line + (f"; free for {', '.join(free)}" if free else "")
+
 
 def trace_from_history(
     jobs: Sequence[tuple[str, str, str]],
@@ -56,10 +69,15 @@ def trace_from_history(
     seed: int = 0,
     card_mib: int | None = None,
     whole_mib: int | None = None,
+    utils: Mapping[tuple[str, int], float] | None = None,
 ) -> HistoryTrace:
     """The trace of ``jobs`` ((job id, name, task) each) over ``tiers`` tiers, from ``peaks``
     and ``runs`` by task (see the module docstring). ``card_mib``: the simulated cards' size;
-    ``whole_mib``: what a job placed alone on an empty one is placed with (its usable memory)."""
+    ``whole_mib``: what a job placed alone on an empty one is placed with (its usable memory);
+    ``utils``: per (task, tier), the share of its card's time a run kept busy alone
+    (:func:`sharing.alone_utils`; ``runs`` already as long as alone): a tier without one
+    takes its task's nearest tier's, a task without any shares for free."""
+    utils = utils or {}
     unknown = sorted({task for _, _, task in jobs if not _ok(peaks.get(task, ()))})
     synthetic = {
         j.name: j
@@ -74,11 +92,18 @@ def trace_from_history(
             continue
         too_big = card_mib + 1 if card_mib is not None and whole_mib is not None else None
         profiles = _profiles(job_id, tiers, peaks[task], runs.get(task, ()), too_big, whole_mib)
+        known = sorted(t for (k, t) in utils if k == task)
+        if known:
+            nearest = [utils[(task, min(known, key=lambda k: (abs(k - t), k)))] for t in range(len(profiles))]
+            profiles = tuple(replace(p, util=u) for p, u in zip(profiles, nearest, strict=True))
         out.append(sim.TraceJob(name=name, task=task, tiers=profiles))
     measured = {
         task: len(_ok(peaks[task])) for task in dict.fromkeys(t for _, _, t in jobs) if task not in unknown
     }
-    return HistoryTrace(trace=sim.Trace(jobs=tuple(out)), measured=measured, made_up=tuple(unknown))
+    shared = tuple(task for task in measured if any(k == task for k, _ in utils))
+    return HistoryTrace(
+        trace=sim.Trace(jobs=tuple(out)), measured=measured, made_up=tuple(unknown), shared=shared
+    )
 
 
 def _ok(samples: Sequence[predict.PeakSample]) -> list[predict.PeakSample]:

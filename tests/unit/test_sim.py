@@ -380,3 +380,28 @@ def test_the_pairs_of_a_night_account_for_every_card_hour(results: dict[str, sim
     assert 2 * sum(pairs.values()) + sum(alone.values()) == pytest.approx(run_h, rel=1e-6)
     assert pairs and "big-A + big-A" not in pairs and idle >= 0
     assert all(" + " in kind and kind.count("-") >= 2 for kind in pairs)
+
+
+@pytest.mark.parametrize(
+    ("util", "plan", "makespan_s", "bound_s"),
+    [
+        (0.0, (2,), 3600, 3600),  # sharing free: two at once finish as one would
+        (0.8, (2,), 3600 * 1.6, 3600 * 1.6),  # each wants 80 % of the card: 160 %, each 1.6x slower
+        (0.4, (2,), 3600, 3600),  # 80 % asked: both fit in the card's time
+        (0.8, (1,), 7200, 7200),  # one after the other
+    ],
+)
+def test_jobs_that_keep_their_card_busy_slow_each_other_down(
+    util: float, plan: tuple[int, ...], makespan_s: float, bound_s: float
+) -> None:
+    """Two hour-long 6 GiB jobs on one 24 GiB card: how much sharing costs is what each keeps
+    the card busy alone (``util``), so "two a card or one?" has an answer that is not always
+    "two"."""
+    prof = sim.TierProfile(peak_mib=6 * GIB, duration_s=3600, ramp_s=60, util=util)
+    trace = sim.Trace(
+        jobs=tuple(sim.TraceJob(name=f"j{i}", task="t", tiers=(prof,) * 4) for i in range(2)), noise=0.0
+    )
+    r = sim.simulate(trace, GpuPlan(gpus=(0,), slots=plan), (24 * GIB,))
+    assert r.succeeded == 2 and r.oom_count == 0
+    assert r.makespan_s == pytest.approx(makespan_s, abs=30)
+    assert r.lower_bound_s == pytest.approx(bound_s)  # the card's busy time bounds it too

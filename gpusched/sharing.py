@@ -1,0 +1,113 @@
+"""What sharing a card costs, from what the queue measured: the figures ``gpusched
+simulate`` needs to answer "two jobs a card, or one?" with more than memory.
+
+A run that had its card to itself tells how much of the card's time its task keeps busy:
+the mean of the daemon's utilisation samples while it ran (:func:`alone_utils`, per task
+and tier, the median of such runs). The simulator's model (:class:`sim.TierProfile`'s
+``util``): a card whose jobs want more than all of its time runs each of them slower by
+their total. The same model, run backwards, gives how long a measured run would have taken
+alone (:func:`slowdowns`): its run time divided by the time-weighted sharing it saw. A task
+with no run alone, or none sampled (fake GPUs report 0 %, and samples are kept 7 days), is
+taken as sharing for free, as the simulator did before it knew.
+
+Pure: the caller reads the attempts and the samples (``Store.attempt_spans``,
+``Store.gpu_samples``).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import pairwise
+
+from msgspec import Struct
+
+from gpusched import predict
+from gpusched.report import mean_util
+
+
+class Span(Struct, frozen=True):
+    """An attempt's time on its card: ``end`` None while it runs."""
+
+    attempt_id: int
+    task: str
+    tier: int
+    gpu: int
+    start: float
+    end: float | None
+    ok: bool
+
+
+Kind = tuple[str, int]  # (task, tier)
+
+
+def alone_utils(spans: Sequence[Span], samples: Iterable[tuple[float, int, int | None]]) -> dict[Kind, float]:
+    """Per (task, tier): the median share of its card's time (0-1) that its successful runs
+    kept busy when nothing else of ours ran on the card, from ``samples`` ``(at, gpu,
+    util_pct)`` taken while they ran; kinds with no such run left out."""
+    by_gpu: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    for at, gpu, util in samples:
+        if util is not None:
+            by_gpu[gpu].append((at, util))
+    for seq in by_gpu.values():
+        seq.sort()
+    seen: dict[Kind, list[float]] = defaultdict(list)
+    for a in _alone(spans):
+        if not a.ok or a.end is None:
+            continue
+        if (u := mean_util(by_gpu.get(a.gpu, []), [(a.start, a.end)])) is not None:
+            seen[(a.task, a.tier)].append(u / 100)
+    return {kind: predict.median(us) for kind, us in seen.items()}
+
+
+def _alone(spans: Sequence[Span]) -> list[Span]:
+    """The spans that no other span on their card overlaps."""
+    out = []
+    for gpu_spans in _by_gpu(spans).values():
+        ordered = sorted(gpu_spans, key=lambda s: s.start)
+        ends = [s.end if s.end is not None else float("inf") for s in ordered]
+        before = float("-inf")  # the latest end of the spans that started earlier
+        for i, s in enumerate(ordered):
+            after = ordered[i + 1].start if i + 1 < len(ordered) else float("inf")
+            if before <= s.start and after >= ends[i]:
+                out.append(s)
+            before = max(before, ends[i])
+    return out
+
+
+def _by_gpu(spans: Sequence[Span]) -> dict[int, list[Span]]:
+    out: dict[int, list[Span]] = defaultdict(list)
+    for s in spans:
+        out[s.gpu].append(s)
+    return out
+
+
+def slowdowns(spans: Sequence[Span], utils: Mapping[Kind, float]) -> dict[int, float]:
+    """Per successful attempt id: how many times longer than alone it ran, by the model and
+    the ``utils`` of what shared its card (1.0 where nothing wanted more than the card)."""
+    out: dict[int, float] = {}
+    for gpu_spans in _by_gpu(spans).values():
+        ordered = sorted(gpu_spans, key=lambda s: s.start)
+        starts = [s.start for s in ordered]
+        for i, a in enumerate(ordered):
+            if not a.ok or a.end is None or a.end <= a.start:
+                continue
+            others = []
+            for j in range(bisect_left(starts, a.end)):  # those that started before it ended
+                b = ordered[j]
+                b_end = a.end if b.end is None else min(b.end, a.end)
+                if j != i and b_end > a.start:
+                    others.append((max(b.start, a.start), b_end, utils.get((b.task, b.tier), 0.0)))
+            out[a.attempt_id] = _stretch(a.start, a.end, utils.get((a.task, a.tier), 0.0), others)
+    return out
+
+
+def _stretch(start: float, end: float, mine: float, others: list[tuple[float, float, float]]) -> float:
+    """The time-weighted mean over [start, end] of max(1, what the card's jobs wanted)."""
+    cuts = sorted({start, end, *(t for s, e, _ in others for t in (s, e) if start < t < end)})
+    total = 0.0
+    for s, e in pairwise(cuts):
+        wanted = mine + sum(u for os, oe, u in others if os <= s and oe >= e)
+        total += (e - s) * max(1.0, wanted)
+    return total / (end - start)
