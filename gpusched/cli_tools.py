@@ -280,11 +280,9 @@ def _queue_sharing(args: argparse.Namespace) -> tuple[dict[tuple[str, int], floa
     store = Store(db, readonly=True)
     try:
         spans = [sharing.Span(*row) for row in store.attempt_spans()]
-        since = min((s.start for s in spans), default=0.0)
-        samples = [(r["at"], r["gpu"], r["util_pct"]) for r in store.gpu_samples(since=since)]
+        utils = sharing.alone_utils(spans, store.gpu_utils)  # (only the samples of runs alone)
     finally:
         store.close()
-    utils = sharing.alone_utils(spans, samples)
     return utils, sharing.slowdowns(spans, utils)
 
 

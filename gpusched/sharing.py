@@ -11,20 +11,18 @@ with no run alone, or none sampled (fake GPUs report 0 %, and samples are kept 7
 taken as sharing for free, as the simulator did before it knew.
 
 Pure: the caller reads the attempts and the samples (``Store.attempt_spans``,
-``Store.gpu_samples``).
+``Store.gpu_utils``).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
-from itertools import pairwise
+from collections.abc import Callable, Mapping, Sequence
 
 from msgspec import Struct
 
 from gpusched import predict
-from gpusched.report import mean_util
 
 
 class Span(Struct, frozen=True):
@@ -42,22 +40,16 @@ class Span(Struct, frozen=True):
 Kind = tuple[str, int]  # (task, tier)
 
 
-def alone_utils(spans: Sequence[Span], samples: Iterable[tuple[float, int, int | None]]) -> dict[Kind, float]:
+def alone_utils(
+    spans: Sequence[Span], utils_in: Callable[[int, float, float], list[int]]
+) -> dict[Kind, float]:
     """Per (task, tier): the median share of its card's time (0-1) that its successful runs
-    kept busy when nothing else of ours ran on the card, from ``samples`` ``(at, gpu,
-    util_pct)`` taken while they ran; kinds with no such run left out."""
-    by_gpu: dict[int, list[tuple[float, int]]] = defaultdict(list)
-    for at, gpu, util in samples:
-        if util is not None:
-            by_gpu[gpu].append((at, util))
-    for seq in by_gpu.values():
-        seq.sort()
+    kept busy when nothing else of ours ran on the card: the mean of ``utils_in(gpu, start,
+    end)`` (the utilisation samples taken there then, in %); kinds with no such run left out."""
     seen: dict[Kind, list[float]] = defaultdict(list)
     for a in _alone(spans):
-        if not a.ok or a.end is None:
-            continue
-        if (u := mean_util(by_gpu.get(a.gpu, []), [(a.start, a.end)])) is not None:
-            seen[(a.task, a.tier)].append(u / 100)
+        if a.ok and a.end is not None and (taken := utils_in(a.gpu, a.start, a.end)):
+            seen[(a.task, a.tier)].append(sum(taken) / len(taken) / 100)
     return {kind: predict.median(us) for kind, us in seen.items()}
 
 
@@ -85,29 +77,37 @@ def _by_gpu(spans: Sequence[Span]) -> dict[int, list[Span]]:
 
 def slowdowns(spans: Sequence[Span], utils: Mapping[Kind, float]) -> dict[int, float]:
     """Per successful attempt id: how many times longer than alone it ran, by the model and
-    the ``utils`` of what shared its card (1.0 where nothing wanted more than the card)."""
+    the ``utils`` of what shared its card (1.0 where nothing wanted more than the card). One
+    sweep a card in start order, keeping the spans that have not ended yet."""
     out: dict[int, float] = {}
     for gpu_spans in _by_gpu(spans).values():
         ordered = sorted(gpu_spans, key=lambda s: s.start)
         starts = [s.start for s in ordered]
+        earlier: list[Span] = []  # started before the one at hand, maybe still running
         for i, a in enumerate(ordered):
-            if not a.ok or a.end is None or a.end <= a.start:
-                continue
-            others = []
-            for j in range(bisect_left(starts, a.end)):  # those that started before it ended
-                b = ordered[j]
-                b_end = a.end if b.end is None else min(b.end, a.end)
-                if j != i and b_end > a.start:
-                    others.append((max(b.start, a.start), b_end, utils.get((b.task, b.tier), 0.0)))
-            out[a.attempt_id] = _stretch(a.start, a.end, utils.get((a.task, a.tier), 0.0), others)
+            earlier = [b for b in earlier if b.end is None or b.end > a.start]
+            if a.ok and a.end is not None and a.end > a.start:
+                later = ordered[i + 1 : bisect_left(starts, a.end)]
+                others = [
+                    (
+                        max(b.start, a.start),
+                        a.end if b.end is None else min(b.end, a.end),
+                        utils.get((b.task, b.tier), 0.0),
+                    )
+                    for b in (*earlier, *later)
+                ]
+                out[a.attempt_id] = _stretch(a.start, a.end, utils.get((a.task, a.tier), 0.0), others)
+            earlier.append(a)
     return out
 
 
 def _stretch(start: float, end: float, mine: float, others: list[tuple[float, float, float]]) -> float:
-    """The time-weighted mean over [start, end] of max(1, what the card's jobs wanted)."""
-    cuts = sorted({start, end, *(t for s, e, _ in others for t in (s, e) if start < t < end)})
-    total = 0.0
-    for s, e in pairwise(cuts):
-        wanted = mine + sum(u for os, oe, u in others if os <= s and oe >= e)
-        total += (e - s) * max(1.0, wanted)
+    """The time-weighted mean over [start, end] of max(1, what the card's jobs wanted): ``mine``
+    throughout, and each of ``others`` (``(from, to, util)``, within it) while it ran."""
+    moves = sorted([(s, u) for s, _, u in others] + [(e, -u) for _, e, u in others])
+    total, at, wanted = 0.0, start, mine
+    for t, change in moves:
+        total += (t - at) * max(1.0, wanted)
+        at, wanted = t, wanted + change
+    total += (end - at) * max(1.0, wanted)
     return total / (end - start)

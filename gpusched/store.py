@@ -421,6 +421,11 @@ class Store:
         )
         return [(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6])) for r in self.db.execute(sql)]
 
+    def gpu_utils(self, gpu: int, start: float, end: float) -> list[int]:
+        """The utilisation samples (%) of ``gpu`` taken from ``start`` to ``end``."""
+        sql = "SELECT util_pct FROM gpu_samples WHERE at BETWEEN ? AND ? AND gpu = ? AND util_pct IS NOT NULL"
+        return [r[0] for r in self.db.execute(sql, (start, end, gpu))]
+
     def events_after(self, event_id: int, kinds: Collection[str]) -> list[tuple[int, str | None, str, str]]:
         """``(id, job_id, kind, message)`` of the events after ``event_id`` of these ``kinds``,
         in order (a walk of the newest rows: ids only grow)."""

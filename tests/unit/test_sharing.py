@@ -26,7 +26,11 @@ def test_a_task_s_use_of_its_card_comes_from_its_runs_that_had_it_alone() -> Non
         Span(5, "sst2", 0, 1, 200.0, 205.0, True),  # alone, no sample taken while it ran
     ]
     samples = [(50.0, 0, 90), (60.0, 0, 70), (250.0, 0, 10), (350.0, 0, 100), (50.0, 1, 99)]
-    assert sharing.alone_utils(spans, samples) == {("qnli", 0): pytest.approx(0.8)}
+
+    def utils_in(gpu: int, start: float, end: float) -> list[int]:
+        return [u for at, g, u in samples if g == gpu and start <= at <= end]
+
+    assert sharing.alone_utils(spans, utils_in) == {("qnli", 0): pytest.approx(0.8)}
 
 
 def test_a_run_beside_others_took_longer_than_alone_by_what_the_card_was_asked_for() -> None:
