@@ -53,6 +53,8 @@ class HistoryTrace(Struct, frozen=True, kw_only=True):
 
     def sharing(self) -> str:
         """One line: for which tasks the replay knows what sharing a card costs."""
+        if not self.measured:
+            return "sharing a card: free (made-up figures have no utilisation)"
         if not self.shared:
             return "sharing a card: free (no run had its card alone with its utilisation sampled)"
         line = f"sharing a card: as costly as runs alone kept their card busy, for {', '.join(self.shared)}"

@@ -62,7 +62,9 @@ def test_the_replayed_night_knows_what_sharing_cost_and_two_a_card_is_no_longer_
 
     made = whatif.trace_from_history(jobs, 4, peaks, runs, utils={("qnli", 0): 0.9})
     assert {p.util for j in made.trace.jobs for p in j.tiers} == {0.9}  # every tier: the nearest known
-    assert made.sharing().startswith("sharing a card: ")
+    assert made.sharing() == "sharing a card: as costly as runs alone kept their card busy, for qnli"
+    blind = whatif.trace_from_history(jobs, 4, {}, {}, utils={("qnli", 0): 0.9})
+    assert blind.sharing() == "sharing a card: free (made-up figures have no utilisation)"
     assert night({}) == pytest.approx(3600, abs=60)
     assert night({("qnli", 0): 0.9}) == pytest.approx(3600 * 1.8, abs=60)
 
