@@ -37,7 +37,9 @@ class HistoryTrace(Struct, frozen=True, kw_only=True):
     trace: sim.Trace
     measured: dict[str, int]  # task -> successful runs its figures come from
     made_up: tuple[str, ...]  # tasks with no successful run: synthetic figures
-    shared: tuple[str, ...] = ()  # measured tasks whose cost of sharing a card is known
+    # measured tasks whose cost of sharing a card is known: how much of it a run alone kept
+    # busy (0-1; at the task's lowest tier that had such a run)
+    shared: dict[str, float] = {}
 
     def summary(self) -> str:
         """One line for the command's output."""
@@ -57,7 +59,10 @@ class HistoryTrace(Struct, frozen=True, kw_only=True):
             return "sharing a card: free (made-up figures have no utilisation)"
         if not self.shared:
             return "sharing a card: free (no run had its card alone with its utilisation sampled)"
-        line = f"sharing a card: as costly as runs alone kept their card busy, for {', '.join(self.shared)}"
+        busy = ", ".join(f"{task} {util * 100:.0f} %" for task, util in self.shared.items())
+        line = (
+            f"sharing a card: a run alone kept it busy {busy} (jobs wanting over 100 % of a card run slower)"
+        )
         free = [t for t in [*self.measured, *self.made_up] if t not in self.shared]
         return line + (f"; free for {', '.join(free)}" if free else "")
 
@@ -102,7 +107,11 @@ def trace_from_history(
     measured = {
         task: len(_ok(peaks[task])) for task in dict.fromkeys(t for _, _, t in jobs) if task not in unknown
     }
-    shared = tuple(task for task in measured if any(k == task for k, _ in utils))
+    shared = {
+        task: utils[(task, min(t for k, t in utils if k == task))]
+        for task in measured
+        if any(k == task for k, _ in utils)
+    }
     return HistoryTrace(
         trace=sim.Trace(jobs=tuple(out)), measured=measured, made_up=tuple(unknown), shared=shared
     )

@@ -62,7 +62,8 @@ def test_the_replayed_night_knows_what_sharing_cost_and_two_a_card_is_no_longer_
 
     made = whatif.trace_from_history(jobs, 4, peaks, runs, utils={("qnli", 0): 0.9})
     assert {p.util for j in made.trace.jobs for p in j.tiers} == {0.9}  # every tier: the nearest known
-    assert made.sharing() == "sharing a card: as costly as runs alone kept their card busy, for qnli"
+    told = "sharing a card: a run alone kept it busy qnli 90 % (jobs wanting over 100 % of a card run slower)"
+    assert made.sharing() == told
     blind = whatif.trace_from_history(jobs, 4, {}, {}, utils={("qnli", 0): 0.9})
     assert blind.sharing() == "sharing a card: free (made-up figures have no utilisation)"
     assert night({}) == pytest.approx(3600, abs=60)
@@ -115,7 +116,8 @@ def test_simulate_reads_what_sharing_cost_from_the_queue(
     ]
     assert cli.main(argv) == 0
     printed = capsys.readouterr().out
-    said = "sharing a card: as costly as runs alone kept their card busy, for qnli; free for mnli, sst2"
+    said = "sharing a card: a run alone kept it busy qnli 90 % (jobs wanting over 100 % of a card run slower)"
+    said += "; free for mnli, sst2"
     assert said in printed.splitlines(), printed
     utils = {j["task"]: {t["util"] for t in j["tiers"]} for j in json.loads(out.read_text())["jobs"]}
     assert utils == {"qnli": {0.9}, "sst2": {0.0}, "mnli": {0.0}}
