@@ -268,7 +268,7 @@ def compute(
         if start is not None and end is not None and start <= s.at <= end
     ]
     utils = _utils(in_window)
-    lines = [replace(a, util_pct=mean_util(utils.get(a.gpu, []), [(a.start, a.end)])) for a in lines]
+    lines = [replace(a, util_pct=_mean_util(utils.get(a.gpu, []), [(a.start, a.end)])) for a in lines]
     return SuiteReport(
         suite=suite,
         now=now,
@@ -425,7 +425,7 @@ def _utils(samples: list[Sample]) -> dict[int | None, list[tuple[float, int]]]:
     return out
 
 
-def mean_util(utils: list[tuple[float, int]], intervals: Iterable[tuple[float, float]]) -> int | None:
+def _mean_util(utils: list[tuple[float, int]], intervals: Iterable[tuple[float, float]]) -> int | None:
     """The mean of the utilisation samples ``utils`` (``(at, util_pct)``, in time order) taken
     inside any of ``intervals``, rounded; None where none was taken there (an attempt shorter
     than the daemon's 10 s between samples)."""
@@ -466,7 +466,7 @@ def _gpu_lines(
                 peak_mib=peak,
                 peak_source=source,
                 total_mib=max(totals, default=None),
-                util_pct=mean_util(utils.get(g, []), [(a.start, a.end) for a in mine]),
+                util_pct=_mean_util(utils.get(g, []), [(a.start, a.end) for a in mine]),
             )
         )
     return out

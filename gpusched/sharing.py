@@ -56,8 +56,7 @@ def alone_utils(
 def _alone(spans: Sequence[Span]) -> list[Span]:
     """The spans that no other span on their card overlaps."""
     out = []
-    for gpu_spans in _by_gpu(spans).values():
-        ordered = sorted(gpu_spans, key=lambda s: s.start)
+    for ordered in _by_gpu(spans).values():
         ends = [s.end if s.end is not None else float("inf") for s in ordered]
         before = float("-inf")  # the latest end of the spans that started earlier
         for i, s in enumerate(ordered):
@@ -69,8 +68,9 @@ def _alone(spans: Sequence[Span]) -> list[Span]:
 
 
 def _by_gpu(spans: Sequence[Span]) -> dict[int, list[Span]]:
+    """Each card's spans, in start order."""
     out: dict[int, list[Span]] = defaultdict(list)
-    for s in spans:
+    for s in sorted(spans, key=lambda s: s.start):
         out[s.gpu].append(s)
     return out
 
@@ -80,8 +80,7 @@ def slowdowns(spans: Sequence[Span], utils: Mapping[Kind, float]) -> dict[int, f
     the ``utils`` of what shared its card (1.0 where nothing wanted more than the card). One
     sweep a card in start order, keeping the spans that have not ended yet."""
     out: dict[int, float] = {}
-    for gpu_spans in _by_gpu(spans).values():
-        ordered = sorted(gpu_spans, key=lambda s: s.start)
+    for ordered in _by_gpu(spans).values():
         starts = [s.start for s in ordered]
         earlier: list[Span] = []  # started before the one at hand, maybe still running
         for i, a in enumerate(ordered):
