@@ -195,6 +195,12 @@ def load_trace(path: str | Path) -> Trace:
             )
             if "util" in j:
                 profiles = tuple(replace(p, util=float(j["util"])) for p in profiles)
+        for p in profiles:
+            if not 0.0 <= p.util <= 1.0:
+                raise ValueError(
+                    f"job {j['name']}: util {p.util:g} is not a share of a card between 0 and 1"
+                    f" (0.9 for a run that keeps its card 90 % busy)"
+                )
         jobs.append(TraceJob(name=str(j["name"]), task=str(j.get("task", j["name"])), tiers=profiles))
     outsiders = tuple(Outsider(**_numbers(o, ints=("gpu", "mib", "pid"))) for o in raw.get("outsiders", []))
     return Trace(jobs=tuple(jobs), outsiders=outsiders, noise=float(raw.get("noise", 0.03)))

@@ -405,3 +405,26 @@ def test_jobs_that_keep_their_card_busy_slow_each_other_down(
     assert r.succeeded == 2 and r.oom_count == 0
     assert r.makespan_s == pytest.approx(makespan_s, abs=30)
     assert r.lower_bound_s == pytest.approx(bound_s)  # the card's busy time bounds it too
+
+
+def test_a_trace_s_util_outside_0_to_1_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """90 for 90 % would make every job 90x slower without a word."""
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps({"jobs": [{"name": "a", "peak_mib": 9000, "duration_s": 900, "util": 90}]}))
+    plan = Path(__file__).resolve().parents[2] / "plans" / "demo.yaml"
+    argv = [
+        "simulate",
+        "--suite",
+        str(plan),
+        "--gpu-plan",
+        "1",
+        "--fake-gpus",
+        "1x24GiB",
+        "--trace",
+        str(trace),
+    ]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "job a: util 90 is not a share of a card between 0 and 1" in err[0], err
