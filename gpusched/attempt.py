@@ -2,7 +2,7 @@
 
 ::
 
-    logs/<suite>/<job>/<n>-<tier>/
+    logs/<suite>/<job>/<n>-<tier>/     (<n>-<tier>~2/ when another queue left one of that name)
       config.yaml   base config + job overrides + tier overrides, with a header of what was injected
       launch.sh     what the wrapper runs: the submitting shell's env, then the injected env
                     (one `export` per variable), cd, and the exact command line, shell-quoted
@@ -31,7 +31,20 @@ class AttemptPaths(Struct, frozen=True):
 
     @classmethod
     def for_attempt(cls, logs_dir: str | Path, job_name: str, n: int, tier_name: str) -> AttemptPaths:
-        return cls(Path(logs_dir) / job_name / f"{n}-{tier_name}")
+        """A new attempt's directory: ``<n>-<tier>`` in the job's log folder or, when that
+        name is taken, ``<n>-<tier>~2`` (``~3``, ...; ``~`` is in no tier name). Attempt
+        numbers never repeat within one queue, so a directory already there is another
+        queue's: the state directory was deleted, or another ``GPUSCHED_HOME`` writes the same
+        logs. Its exit.json and pid would pass for this attempt's (the daemon would reap a job
+        that has just started, with that run's outcome, and start the next beside it) and its
+        output.log would take this one's output; it is left as it is. One stat a launch;
+        :func:`materialize` makes the directory only if it still does not exist."""
+        base = Path(logs_dir) / job_name / f"{n}-{tier_name}"
+        path, k = base, 1
+        while os.path.lexists(path):
+            k += 1
+            path = base.with_name(f"{base.name}~{k}")
+        return cls(path)
 
     @property
     def config(self) -> Path:
@@ -230,7 +243,11 @@ def materialize(
     resolved = tiers.resolve(suite, job, tier_index, checkpoint=checkpoint)
     tier = suite.tiers[tier_index]
     adir, config = str(paths.dir), paths.config  # each spelled once: a launch is on the hot path
-    os.makedirs(adir, exist_ok=True)
+    try:  # never an existing directory (AttemptPaths.for_attempt): its files are another run's
+        os.mkdir(adir)
+    except FileNotFoundError:  # the job's first attempt: its folder too
+        os.makedirs(os.path.dirname(adir), exist_ok=True)
+        os.mkdir(adir)
 
     header = [
         f"# materialized by gpusched for {job.id}, attempt {attempt_n}, tier {tier.name}",

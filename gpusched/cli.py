@@ -411,10 +411,29 @@ def _submit(
         f"with plan {gplan.as_text()} ({slots} slot{'s' * (slots != 1)}), backend {backend}"
     )
     _print_changes(result, dropped, dry=False, kept=plan_kept)
+    _print_earlier_logs(suite, result.queued)
     if info and info.get("probe_notice"):
         print(f"  {info['probe_notice']}")
     print(f"  logs: {suite.logs_dir}/<job>/<attempt>-<tier>/output.log   watch: gpusched status --watch")
     return 0
+
+
+def _print_earlier_logs(suite: Suite, queued: tuple[str, ...]) -> None:
+    """One line when jobs new to this queue already have log folders: another queue's (its
+    state directory deleted, or another GPUSCHED_HOME). Their attempts go beside the old ones
+    (AttemptPaths.for_attempt), which are left as they are. One listdir."""
+    try:
+        there = set(os.listdir(suite.logs_dir))
+    except OSError:
+        return
+    k = sum(1 for job_id in queued if job_id.partition("/")[2] in there)
+    if k:
+        first = f"1-{suite.tiers[0].name}"
+        print(
+            f"  {k} of these jobs already have log folders in {suite.logs_dir}, from a queue gpusched"
+            " no longer knows (a deleted state directory, another GPUSCHED_HOME): left as they are;"
+            f" new attempts go beside them, as {first}~2/ beside {first}/"
+        )
 
 
 def _not_in_plan(store: Store, whole: Suite) -> list[str]:

@@ -92,6 +92,32 @@ def test_submit_wait_status_logs(gs_home: Path, project: Path, backend: str) -> 
     assert "done: steps=6" in done.stdout
 
 
+def test_a_suite_run_again_after_its_state_directory_was_deleted_runs_anew_beside_the_old_logs(
+    gs_home: Path, project: Path
+) -> None:
+    """``rm -rf ~/.local/state/gpusched`` to start afresh leaves the project's logs/. The new
+    queue's attempt 1 must not be the old ``1-A/``: its exit.json made every job "succeed" as
+    soon as it started (a negative runtime, last run's outcome) while it still ran."""
+    plan = "command: sh -c 'echo \"run by $GPUSCHED_HOME\"' job {config}\njobs: [{name: a}, {name: b}]\n"
+    write_plan(project, "r", plan)
+    submit = ("submit", "--suite", "r", "--gpu-plan", "2", "--backend", "subprocess")
+    run_cli(*submit, cwd=project, env=FAKE, check=True)
+    run_cli("wait", "--suite", "r", "--timeout", "60", "--quiet", cwd=project, check=True)
+    run_cli("daemon", "stop", cwd=project, check=True)
+    shutil.rmtree(gs_home)
+    gs_home.mkdir()
+    again = run_cli(*submit, cwd=project, env=FAKE, check=True)
+    logs = project / "logs" / "r"
+    assert f"2 of these jobs already have log folders in {logs}" in again.stdout
+    assert "as 1-A~2/ beside 1-A/" in again.stdout
+    run_cli("wait", "--suite", "r", "--timeout", "60", "--quiet", cwd=project, check=True)
+    for job in status(project)["jobs"]:
+        assert job["log"] == str(logs / job["name"] / "1-A~2" / "output.log")
+        assert job["runtime_s"] >= 0
+        assert Path(job["log"]).read_text() == f"run by {gs_home}\n"
+        assert (logs / job["name"] / "1-A" / "output.log").read_text() == f"run by {gs_home}\n"
+
+
 def test_the_plans_notify_command_hears_of_a_failed_job_and_of_the_suites_end(
     gs_home: Path, project: Path
 ) -> None:

@@ -348,6 +348,73 @@ def test_an_attempt_dir_that_cannot_be_made_takes_the_launch_failed_path(make_wo
     assert w.outcomes() == ["lost", "ok"]
 
 
+def _leave_an_earlier_run(w: Any, name: str = "j0") -> Path:
+    """What another queue leaves in the project's logs: the state directory was deleted (or
+    another GPUSCHED_HOME ran the same suite) and ``logs/c/j0/1-<tier>/`` holds last week's
+    attempt, a success, its files a week old."""
+    old = Path(w.suite.logs_dir) / name / f"1-{w.suite.tiers[0].name}"
+    old.mkdir(parents=True)
+    files = {
+        "pid": "4242\n",
+        "exit.json": '{"exit_code": 0, "signal": null, "wrapper_pid": 4242}\n',
+        "output.log": "last week's run\n",
+        "runtime.json": '{"peak_mib": 20000}\n',
+    }
+    week_ago = time.time() - 7 * 86400
+    for f, text in files.items():
+        (old / f).write_text(text)
+        os.utime(old / f, (week_ago, week_ago))
+    return old
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_earlier_queues_attempt_directory_is_neither_reused_nor_read(
+    make_world: Any, backend: str
+) -> None:
+    """Reusing ``1-A/`` made the first tick after the launch reap its old exit.json: the job
+    "succeeded" a week before it started while it still ran, and its slot went to the next."""
+    wait_for_go = 'while [ ! -e "$GPUSCHED_ATTEMPT_DIR/../go" ]; do sleep 0.01; done; exit 3'
+    w = make_world(backend, script=wait_for_go)
+    old = _leave_an_earlier_run(w)
+    before = {f.name: (f.read_bytes(), f.stat().st_mtime) for f in old.iterdir()}
+    w.tick()
+    retry_until(lambda: w.launches_by_job() == {"j0": 1}, timeout=10)
+    for _ in range(3):
+        w.tick()
+        assert w.job().state is JobState.RUNNING
+    a = w.store.attempts("c/j0")[0]
+    assert Path(a.dir) == old.with_name(old.name + "~2")
+    (old.parent / "go").touch()
+    w.run_until_done()
+    a = w.store.attempts("c/j0")[0]
+    assert a.outcome == "error" and a.exit_code == 3 and a.peak_mib is None
+    assert a.started_at is not None and a.ended_at is not None and a.ended_at >= a.started_at
+    assert "last week" not in Path(a.dir, "output.log").read_text()
+    assert {f.name: (f.read_bytes(), f.stat().st_mtime) for f in old.iterdir()} == before
+
+
+def test_a_launch_cut_short_beside_an_earlier_queues_attempt_is_not_taken_for_it(
+    make_world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A daemon killed between recording the attempt and starting it: the restart looks for
+    the attempt's traces in its directory, which must not be last week's exit record."""
+    w = make_world()
+    _leave_an_earlier_run(w)
+
+    def crash(*_: Any, **__: Any) -> None:
+        raise Crash
+
+    monkeypatch.setattr(scheduler, "materialize", crash)
+    with pytest.raises(Crash):
+        w.tick()
+    monkeypatch.undo()
+    notes = w.restart().reconcile(time.time())
+    assert any("never started" in n for n in notes), notes
+    w.run_until_done()
+    assert w.launches_by_job() == {"j0": 1} and w.outcomes() == ["lost", "ok"]
+    assert [Path(a.dir).name for a in w.store.attempts("c/j0")] == ["1-A~2", "2-A"]
+
+
 def test_a_cancel_that_races_the_launch_is_not_an_error(
     make_world: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -315,7 +315,9 @@ def test_a_launch_failing_for_the_job_s_own_reasons_is_still_counted(tmp_path: P
     assert job.lost == 1 and "launch failed, retrying" in (job.reason or "")
 
 
-def test_a_real_enospc_writing_the_attempt_directory_is_the_machine_s_fault(tmp_path: Path) -> None:
+def test_a_real_enospc_writing_the_attempt_directory_is_the_machine_s_fault(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The kernel's own ENOSPC, from /dev/full, through the real attempt writer."""
     if not os.access("/dev/full", os.W_OK):
         pytest.fail("/dev/full is missing: this test needs a Linux /dev")
@@ -323,8 +325,14 @@ def test_a_real_enospc_writing_the_attempt_directory_is_the_machine_s_fault(tmp_
     suite = make_suite(tmp_path, n=1)
     w.submit(suite)
     first = Path(suite.logs_dir) / "0-task" / "1-A"
-    first.mkdir(parents=True)
-    (first / "config.yaml").symlink_to("/dev/full")  # every write to it: ENOSPC
+    real_mkdir = os.mkdir
+
+    def mkdir(path: str | Path, *a: int, **kw: int) -> None:  # the attempt writer makes a new directory
+        real_mkdir(path, *a, **kw)
+        if Path(path) == first:
+            (first / "config.yaml").symlink_to("/dev/full")  # every write to it: ENOSPC
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
     assert w.tick().launched == []
     job = _job(w, "E1/0-task")
     assert job.state is JobState.QUEUED and job.lost == 0 and job.attempts == 1
