@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -199,18 +200,29 @@ def write_env_snapshot(path: Path, environ: dict[str, str]) -> None:
     _atomic_write(path, "\n".join(lines) + "\n", mode=0o600)
 
 
-def find_checkpoint(workdir: Path, output_dir: str | None, pattern: str) -> str | None:
-    """Newest file/folder matching ``pattern`` under the job's output dir, or None."""
+#: How much older than the run's start a checkpoint of it may look: the kernel stamps files with
+#: a clock that lags ``time.time()`` by up to a tick (4-10 ms).
+CLOCK_SLACK_S = 0.1
+
+
+def find_checkpoint(
+    workdir: Path, output_dir: str | None, pattern: str, *, since: float | None = None
+) -> tuple[str | None, str | None]:
+    """(the newest file/folder matching ``pattern`` under the job's output dir, written since
+    ``since``; the newest one passed over as older than that), each None when there is none.
+    A checkpoint from before the job's run began is another run's: resuming from it would end
+    a rerun at once on last run's weights, or continue them under an edited config."""
     if not output_dir:
-        return None
+        return None, None
     base = Path(output_dir) if Path(output_dir).is_absolute() else workdir / output_dir
     try:
-        matches = [p for p in base.glob(pattern)]
+        found = [(p.stat().st_mtime, p.name, p) for p in base.glob(pattern)]
     except (OSError, ValueError):
-        return None
-    if not matches:
-        return None
-    return str(max(matches, key=lambda p: (p.stat().st_mtime, p.name)))
+        return None, None
+    newest = max(found, default=None)
+    if newest is None or since is None or newest[0] >= since - CLOCK_SLACK_S:
+        return (str(newest[2]) if newest else None), None
+    return None, str(newest[2])
 
 
 def materialize(
@@ -224,10 +236,13 @@ def materialize(
     gpu_uuid: str | None,
     backend: str,
     env_file: str | None,
+    run_since: float | None = None,
 ) -> str:
     """Write config.yaml and launch.sh for one attempt; return the command line. Every value
     reaching the shell is quoted (job names, overrides, paths). The injected variables and
-    the command are launch.sh's last lines, after the ``_INJECTED`` and ``_COMMAND`` comments."""
+    the command are launch.sh's last lines, after the ``_INJECTED`` and ``_COMMAND`` comments.
+    ``run_since``: when the job's run began (:meth:`~gpusched.store.Store.run_since`); an
+    older checkpoint is not resumed from."""
     import shlex
 
     import yaml
@@ -235,11 +250,13 @@ def materialize(
     from gpusched import tiers
 
     workdir = Path(suite.workdir)
-    checkpoint = None
+    checkpoint = passed_over = None
     if suite.resume is not None:
         cfg0 = tiers.resolve(suite, job, tier_index).config
         out_dir = tiers.get_path(cfg0, tiers.split_key(suite.resume.output_dir_key))
-        checkpoint = find_checkpoint(workdir, out_dir, suite.resume.checkpoint_glob)
+        checkpoint, passed_over = find_checkpoint(
+            workdir, out_dir, suite.resume.checkpoint_glob, since=run_since
+        )
     resolved = tiers.resolve(suite, job, tier_index, checkpoint=checkpoint)
     tier = suite.tiers[tier_index]
     adir, config = str(paths.dir), paths.config  # each spelled once: a launch is on the hot path
@@ -254,6 +271,9 @@ def materialize(
         f"# base: {suite.base_config or '(none)'}",
         *(f"# injected: {n}" for n in resolved.notes),
     ]
+    if passed_over is not None:
+        began = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run_since))
+        header.append(f"# not resumed from {passed_over}: older than this run of the job (began {began})")
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's when built with it: ~10x faster
     body = yaml.dump(dict(resolved.config), Dumper=dumper, sort_keys=False, allow_unicode=True)
     _write_fresh(config, "\n".join(header) + "\n" + body)

@@ -433,6 +433,7 @@ def _print_earlier_logs(suite: Suite, queued: tuple[str, ...]) -> None:
             f"  {k} of these jobs already have log folders in {suite.logs_dir}, from a queue gpusched"
             " no longer knows (a deleted state directory, another GPUSCHED_HOME): left as they are;"
             f" new attempts go beside them, as {first}~2/ beside {first}/"
+            + ("; they start over, not from that queue's checkpoints" if suite.resume else "")
         )
 
 

@@ -206,6 +206,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_retry(args: argparse.Namespace) -> int:
     from gpusched import daemon, tiers
+    from gpusched.model import JobState
 
     store = _store()
     home = _home()
@@ -218,10 +219,16 @@ def cmd_retry(args: argparse.Namespace) -> int:
             assert srow is not None
             tier = tiers.tier_index(srow.suite, args.tier)
         chosen[job_id] = tier
+    succeeded = {j.id for j in map(store.job, chosen) if j is not None and j.state is JobState.SUCCEEDED}
     for job in store.retry_many(chosen):  # all or none
         srow = store.suite(job.suite)
         name = srow.suite.tiers[job.tier].name if srow and job.tier < len(srow.suite.tiers) else job.tier
-        print(f"{job.id}: queued again at tier {name}")
+        # a success starts over; a failure or a cancel resumes from its checkpoint (Store.run_since)
+        again = job.id in succeeded and srow is not None and srow.suite.resume is not None
+        print(
+            f"{job.id}: queued again at tier {name}"
+            + (", from the start (it had succeeded)" if again else "")
+        )
     daemon.start(home, probe=_probe_spec(None))
     daemon.wake(home)
     return 0

@@ -740,6 +740,7 @@ class Scheduler:
                     gpu_uuid=b.gpu_uuid,
                     backend=b.suite_row.backend,
                     env_file=b.suite_row.env_path,
+                    run_since=self.store.run_since(b.job) if b.suite_row.suite.resume else None,
                 )
             except Exception as e:  # a launch that fails must not wedge the job in "running"
                 started.append((b, e))

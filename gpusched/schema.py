@@ -149,6 +149,13 @@ ADDED_TABLES: dict[str, str] = {
     # the processes the daemon saw on an attempt's card: how `status` still knows them as the
     # attempt's once they have exited while the driver still lists them, releasing their memory
     # (no /proc entry is left to read by then); keyed by pid, the lookup
+    # jobs queued again to start over (`submit --rerun`, a retry of a success), and when: the
+    # run a job is in began then, else when it was submitted. A checkpoint older than its run is
+    # another run's, never resumed from (a retry of a failed or cancelled job continues its run)
+    "fresh_starts": """(
+        job_id TEXT PRIMARY KEY,
+        at REAL NOT NULL
+    ) WITHOUT ROWID""",
     "gpu_pids": """(
         pid INTEGER NOT NULL,
         attempt_id INTEGER NOT NULL REFERENCES attempts(id),

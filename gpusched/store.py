@@ -252,7 +252,9 @@ class Store:
                     self._insert_job(job, now)
                     queued.append(job.id)
                 elif rerun and JobState(row["state"]).terminal:
-                    self._requeue_finished(row, job, tier=0, now=now, why="resubmitted with --rerun")
+                    self._requeue_finished(
+                        row, job, tier=0, now=now, why="resubmitted with --rerun", fresh=True
+                    )
                     requeued.append(job.id)
                 else:
                     skipped.append((job.id, row["state"]))
@@ -340,9 +342,12 @@ class Store:
         self._event(now, job.id, "queued", "submitted")
 
     def _requeue_finished(
-        self, row: sqlite3.Row, job: JobSpec | None, *, tier: int, now: float, why: str
+        self, row: sqlite3.Row, job: JobSpec | None, *, tier: int, now: float, why: str, fresh: bool
     ) -> None:
+        """Queue a finished job again; ``fresh``: as a new run (:meth:`run_since`)."""
         check_transition(row["id"], row["state"], JobState.QUEUED)
+        if fresh:
+            self.db.execute("INSERT OR REPLACE INTO fresh_starts(job_id, at) VALUES (?, ?)", (row["id"], now))
         spec = {"spec": codec.job_to_json(job)} if job is not None else {}
         sets = ", ".join(f"{k} = ?" for k in spec)
         self.db.execute(
@@ -354,6 +359,14 @@ class Store:
         self._event(now, row["id"], "queued", why)
 
     # ------------------------------------------------------------------ reads
+
+    def run_since(self, job: JobRow) -> float:
+        """When the run the job is in began: its submit, or its last start over (``submit
+        --rerun``, a retry of a success). Its attempts resume only from checkpoints written
+        since (:func:`gpusched.attempt.find_checkpoint`); OOM requeues and a retry of a
+        failure or a cancel stay in the run and continue it."""
+        row = self.db.execute("SELECT at FROM fresh_starts WHERE job_id = ?", (job.id,)).fetchone()
+        return max(job.created_at, row[0]) if row else job.created_at
 
     def suite(self, name: str) -> SuiteRow | None:
         r = self.db.execute("SELECT * FROM suites WHERE name = ?", (name,)).fetchone()
@@ -849,7 +862,9 @@ class Store:
                     state = row["state"]
                     raise UsageError(f"job {job_id} is {state}: only finished jobs can be retried (none was)")
                 t = row["tier"] if tier is None else tier
-                self._requeue_finished(row, None, tier=t, now=now, why=f"retried by user at tier index {t}")
+                again = row["state"] == JobState.SUCCEEDED.value  # a failure or a cancel continues
+                why = f"retried by user at tier index {t}" + (", from the start" if again else "")
+                self._requeue_finished(row, None, tier=t, now=now, why=why, fresh=again)
         jobs = [self.job(job_id) for job_id in tiers]
         return [j for j in jobs if j is not None]
 

@@ -98,8 +98,15 @@ def test_a_suite_run_again_after_its_state_directory_was_deleted_runs_anew_besid
     """``rm -rf ~/.local/state/gpusched`` to start afresh leaves the project's logs/. The new
     queue's attempt 1 must not be the old ``1-A/``: its exit.json made every job "succeed" as
     soon as it started (a negative runtime, last run's outcome) while it still ran."""
-    plan = "command: sh -c 'echo \"run by $GPUSCHED_HOME\"' job {config}\njobs: [{name: a}, {name: b}]\n"
-    write_plan(project, "r", plan)
+    write_plan(
+        project,
+        "r",
+        """
+        command: sh -c 'echo "run by $GPUSCHED_HOME"' job {config}
+        jobs: [{name: a, config: {output_dir: out/a}}, {name: b, config: {output_dir: out/b}}]
+        resume: {flag_key: is_keep_training}
+        """,
+    )
     submit = ("submit", "--suite", "r", "--gpu-plan", "2", "--backend", "subprocess")
     run_cli(*submit, cwd=project, env=FAKE, check=True)
     run_cli("wait", "--suite", "r", "--timeout", "60", "--quiet", cwd=project, check=True)
@@ -109,13 +116,46 @@ def test_a_suite_run_again_after_its_state_directory_was_deleted_runs_anew_besid
     again = run_cli(*submit, cwd=project, env=FAKE, check=True)
     logs = project / "logs" / "r"
     assert f"2 of these jobs already have log folders in {logs}" in again.stdout
-    assert "as 1-A~2/ beside 1-A/" in again.stdout
+    assert "as 1-A~2/ beside 1-A/; they start over, not from that queue's checkpoints" in again.stdout
     run_cli("wait", "--suite", "r", "--timeout", "60", "--quiet", cwd=project, check=True)
     for job in status(project)["jobs"]:
         assert job["log"] == str(logs / job["name"] / "1-A~2" / "output.log")
         assert job["runtime_s"] >= 0
         assert Path(job["log"]).read_text() == f"run by {gs_home}\n"
         assert (logs / job["name"] / "1-A" / "output.log").read_text() == f"run by {gs_home}\n"
+
+
+def test_submit_rerun_trains_again_instead_of_resuming_from_the_last_runs_checkpoint(
+    gs_home: Path, project: Path
+) -> None:
+    """``resume:`` is for a job's own run (an OOM requeue, a retry after a crash). A rerun that
+    resumed from the finished run's last checkpoint ended at once, "succeeded", on the old
+    weights: with an edited plan, the edit never trained."""
+    write_plan(
+        project,
+        "rr",
+        """
+        command: python launchers/demo_job.py --config {config}
+        workdir: ..
+        base_config: launchers/configs/demo_base.yaml
+        config: {max_steps: 4, step_time_s: 0.01, fake_gpu_mib: 12288, batch_size: 8, logits_to_keep: 0}
+        jobs: [{name: a, config: {output_dir: outputs/rr/a}}]
+        resume: {flag_key: is_keep_training}
+        """,
+    )
+    submit = ("submit", "--suite", "rr", "--gpu-plan", "1", "--backend", "subprocess")
+    run_cli(*submit, cwd=project, env=FAKE, check=True)
+    run_cli("wait", "--suite", "rr", "--timeout", "60", "--quiet", cwd=project, check=True)
+    for ck in (project / "outputs" / "rr" / "a").iterdir():  # as if the run were last night's
+        os.utime(ck, (ck.stat().st_mtime - 3600, ck.stat().st_mtime - 3600))
+    run_cli(*submit, "--rerun", cwd=project, env=FAKE, check=True)
+    run_cli("wait", "--suite", "rr", "--timeout", "60", "--quiet", cwd=project, check=True)
+    log = run_cli("logs", "rr/a", cwd=project, check=True).stdout
+    assert "step 1/4" in log and "resumed" not in log
+    cfg = (project / "logs" / "rr" / "a" / "2-A" / "config.yaml").read_text()
+    assert "is_keep_training" not in cfg and "# not resumed from" in cfg
+    retry = run_cli("retry", "rr/a", cwd=project, check=True)
+    assert retry.stdout == "rr/a: queued again at tier A, from the start (it had succeeded)\n"
 
 
 def test_the_plans_notify_command_hears_of_a_failed_job_and_of_the_suites_end(

@@ -4,6 +4,7 @@ decisions end to end (place, launch, reap, requeue down the ladder, cancel, rest
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -141,6 +142,67 @@ def test_oom_walks_down_the_ladder_keeping_the_effective_batch_and_resumes(
     assert rec is not None and rec.state is JobState.SUCCEEDED and rec.tier == 2
     assert [a.tier_name for a in world.store.attempts(job)] == ["A", "B", "C"]
     assert [a.outcome for a in world.store.attempts(job)] == ["oom", "oom", "ok"]
+
+
+def _checkpoint(tmp_path: Path, job: int, step: int, *, age_s: float = 0.0) -> Path:
+    """A checkpoint the trainer saved in job ``job``'s output dir, ``age_s`` ago."""
+    ck = tmp_path / "out" / str(job) / f"checkpoint-{step}"
+    ck.mkdir(parents=True)
+    if age_s:
+        os.utime(ck, (time.time() - age_s, time.time() - age_s))
+    return ck
+
+
+def _config(tmp_path: Path, job: str, attempt: str) -> str:
+    return (tmp_path / "logs" / "E1" / job / attempt / "config.yaml").read_text()
+
+
+def test_a_checkpoint_from_before_the_job_was_submitted_is_not_resumed_from(
+    world: World, tmp_path: Path
+) -> None:
+    """Last week's run of the same job left its output dir: a new queue's job starts over
+    (resuming would end it at once on those weights), and its own checkpoints are resumed."""
+    old = _checkpoint(tmp_path, 0, 500, age_s=7 * 86400)
+    world.submit(make_suite(tmp_path, n=1))
+    job = "E1/0-task"
+    world.tick()
+    cfg = _config(tmp_path, "0-task", "1-A")
+    assert "is_keep_training" not in cfg
+    assert f"# not resumed from {old}: older than this run of the job" in cfg
+    mine = _checkpoint(tmp_path, 0, 10)  # this run's, then an OOM
+    world.ex.finish(world.ex.token_of(job), exit_code=1, output=OOM_TAIL)
+    world.tick()
+    cfg = _config(tmp_path, "0-task", "2-B")
+    assert "is_keep_training: true" in cfg and f"resume from {mine}" in cfg and "not resumed" not in cfg
+
+
+def test_a_rerun_or_a_retry_of_a_success_starts_over_a_retry_of_a_failure_continues(
+    world: World, tmp_path: Path
+) -> None:
+    suite = make_suite(tmp_path, n=2)
+    submitted = time.time() - 3600  # an hour ago
+    world.store.submit(suite, world.plan, backend="fake", cwd=str(tmp_path), env_path=None, now=submitted)
+    world.tick()
+    for i, code in ((0, 0), (1, 1)):  # 0-task succeeds, 1-task fails with a plain error
+        _checkpoint(tmp_path, i, 100, age_s=60)  # saved a minute before the end
+        world.ex.finish(world.ex.token_of(f"E1/{i}-task"), exit_code=code, output="ValueError: bad\n")
+    world.tick()
+    assert [world.state(f"E1/{i}-task") for i in (0, 1)] == [JobState.SUCCEEDED, JobState.FAILED]
+    world.store.retry_many({"E1/0-task": None, "E1/1-task": None})
+    world.tick()
+    again, cont = _config(tmp_path, "0-task", "2-A"), _config(tmp_path, "1-task", "2-A")
+    assert "is_keep_training" not in again and "# not resumed from" in again
+    assert "is_keep_training: true" in cont and "resume from" in cont
+    job = world.store.job("E1/0-task")
+    assert job is not None and job.reason == "retried by user at tier index 0, from the start"
+    for i in (0, 1):
+        world.ex.finish(world.ex.token_of(f"E1/{i}-task"), exit_code=0)
+    world.tick()
+    world.store.submit(suite, world.plan, backend="fake", cwd=str(tmp_path), env_path=None, rerun=True)
+    world.tick()
+    for i in (0, 1):
+        cfg = _config(tmp_path, f"{i}-task", "3-A")
+        assert "is_keep_training" not in cfg and "# not resumed from" in cfg
 
 
 def test_oom_past_the_last_tier_fails_with_the_reason(world: World, tmp_path: Path) -> None:
