@@ -461,6 +461,7 @@ def _submit_doc(
         "updated": list(result.updated),
         "not_in_plan": dropped,
         "plan_before": result.plan_before,
+        "moved_from": result.moved_from,
         "gpu_plan": gplan.as_text(),
         "gpus": list(gplan.gpus),
         "backend": backend,
@@ -490,6 +491,12 @@ def _print_changes(result: SubmitResult, dropped: list[str], *, dry: bool, kept:
             f"  {k} queued job{'s are' if k != 1 else ' is'} no longer in the plan and "
             f"{'would' if dry else 'will'} still run: {named}; "
             f"`gpusched cancel` drops {'them' if k != 1 else 'it'}"
+        )
+    if result.moved_from is not None and result.skipped:
+        print(
+            f"  suite last submitted from {result.moved_from}: the jobs left as they are ran there"
+            " (their logs are there); --rerun runs them again from here, --name NAME queues this plan"
+            " as a suite of its own"
         )
     if result.plan_before is not None:
         print(

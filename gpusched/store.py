@@ -237,7 +237,7 @@ class Store:
         now = time.time() if now is None else now
         queued, requeued, skipped, updated = [], [], [], []
         with self.tx():
-            plan_before = self._upsert_suite(
+            plan_before, moved_from = self._upsert_suite(
                 suite, plan, backend=backend, cwd=cwd, env_path=env_path, options=options, now=now
             )
             existing = {
@@ -272,6 +272,7 @@ class Store:
             skipped=tuple(skipped),
             updated=tuple(updated),
             plan_before=plan_before,
+            moved_from=moved_from,
         )
 
     def _update_queued(self, row: sqlite3.Row, job: JobSpec, now: float) -> bool:
@@ -297,9 +298,10 @@ class Store:
         env_path: str | None,
         options: dict[str, Any] | None,
         now: float,
-    ) -> str | None:
+    ) -> tuple[str | None, str | None]:
         """Record the suite (a new submit's plan, GPUs, tiers and backend replace the old ones
-        for its queued jobs); the GPU plan it had, as "1,1 on GPUs 0,1", when this changes it."""
+        for its queued jobs). Returns the GPU plan it had, as "1,1 on GPUs 0,1", when this
+        changes it, and the directory it was submitted from, when this one is another."""
         old = self.db.execute("SELECT cwd, gpus, slots FROM suites WHERE name = ?", (suite.name,)).fetchone()
         if old is not None and old["cwd"] != cwd:
             active = self.db.execute(
@@ -327,11 +329,12 @@ class Store:
             ),
         )
         if old is None:
-            return None
+            return None, None
+        moved_from = old["cwd"] if old["cwd"] != cwd else None
         gpus, slots = json.loads(old["gpus"]), json.loads(old["slots"])
         if (gpus, slots) == (list(plan.gpus), list(plan.slots)):
-            return None
-        return f"{','.join(map(str, slots))} on GPUs {','.join(map(str, gpus))}"
+            return None, moved_from
+        return f"{','.join(map(str, slots))} on GPUs {','.join(map(str, gpus))}", moved_from
 
     def _insert_job(self, job: JobSpec, now: float) -> None:
         self.db.execute(

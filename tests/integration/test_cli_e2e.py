@@ -123,6 +123,11 @@ def test_a_suite_run_again_after_its_state_directory_was_deleted_runs_anew_besid
         assert job["runtime_s"] >= 0
         assert Path(job["log"]).read_text() == f"run by {gs_home}\n"
         assert (logs / job["name"] / "1-A" / "output.log").read_text() == f"run by {gs_home}\n"
+    other = project.parent / "other"  # the same suite name from another project: it ran here
+    shutil.copytree(project / "plans", other / "plans")
+    moved = run_cli(*submit, cwd=other, env=FAKE, check=True)
+    assert "queued 0 jobs" in moved.stdout and "left as they are: 2 succeeded" in moved.stdout
+    assert f"suite last submitted from {project}: the jobs left as they are ran there" in moved.stdout
 
 
 def test_submit_rerun_trains_again_instead_of_resuming_from_the_last_runs_checkpoint(

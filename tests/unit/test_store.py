@@ -143,6 +143,14 @@ def test_same_suite_name_from_another_directory_is_refused_while_active(store: S
         store.submit(make_suite(), PLAN, backend="subprocess", cwd="/elsewhere", env_path=None)
 
 
+def test_same_suite_name_from_another_directory_once_finished_says_where_it_ran(store: Store) -> None:
+    submit(store)
+    store.request_cancel(["E1/j0", "E1/j1", "E1/j2"])
+    assert submit(store).moved_from is None  # the same directory
+    r = store.submit(make_suite(), PLAN, backend="subprocess", cwd="/elsewhere", env_path=None)
+    assert r.moved_from == "/p" and r.queued == () and len(r.skipped) == 3
+
+
 def test_two_phase_launch_records_the_attempt_before_the_process_exists(store: Store) -> None:
     submit(store)
     aid = start(store, "E1/j1", token="tok")
