@@ -430,7 +430,8 @@ def _print_earlier_logs(suite: Suite, queued: tuple[str, ...]) -> None:
     if k:
         first = f"1-{suite.tiers[0].name}"
         print(
-            f"  {k} of these jobs already have log folders in {suite.logs_dir}, from a queue gpusched"
+            f"  {k} of these jobs already {'have' if k != 1 else 'has'} log folders in {suite.logs_dir},"
+            " from a queue gpusched"
             " no longer knows (a deleted state directory, another GPUSCHED_HOME): left as they are;"
             f" new attempts go beside them, as {first}~2/ beside {first}/"
             + ("; they start over, not from that queue's checkpoints" if suite.resume else "")
@@ -569,6 +570,7 @@ def _print_dry_run(
         print(f"  {job_id}")
     if seen:
         _print_changes(*seen, dry=True, kept=kept)
+    _print_earlier_logs(suite, seen[0].queued if seen else tuple(new))
     return 0
 
 

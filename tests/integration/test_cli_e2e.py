@@ -113,8 +113,10 @@ def test_a_suite_run_again_after_its_state_directory_was_deleted_runs_anew_besid
     run_cli("daemon", "stop", cwd=project, check=True)
     shutil.rmtree(gs_home)
     gs_home.mkdir()
+    dry = run_cli(*submit, "--dry-run", cwd=project, env=FAKE, check=True)
     again = run_cli(*submit, cwd=project, env=FAKE, check=True)
     logs = project / "logs" / "r"
+    assert f"2 of these jobs already have log folders in {logs}" in dry.stdout
     assert f"2 of these jobs already have log folders in {logs}" in again.stdout
     assert "as 1-A~2/ beside 1-A/; they start over, not from that queue's checkpoints" in again.stdout
     run_cli("wait", "--suite", "r", "--timeout", "60", "--quiet", cwd=project, check=True)
