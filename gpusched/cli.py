@@ -234,6 +234,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         s.add_argument("--probe", help="nvml, none, or fake:4x24GiB")
         s.add_argument("--fake-gpus", help="same as --probe fake:SPEC")
         s.add_argument("--standby", action="store_true", help=argparse.SUPPRESS)  # see daemon.Starting
+        s.add_argument(
+            "--forget-host",
+            metavar="HOST",
+            help="with start: jobs recorded running on HOST, a machine or container that no longer"
+            " exists, are counted lost and run again here",
+        )
         s.set_defaults(func=cmd_daemon)
 
     if want("simulate"):
@@ -386,6 +392,7 @@ def _submit(
     from gpusched.store import Store
 
     store = Store(home.db)
+    daemon.check_jobs_elsewhere(home, store)  # the daemon would refuse to start: queue nothing
     write_env_snapshot(env_path, dict(os.environ))
     result = store.submit(
         suite, gplan, backend=backend, cwd=str(cwd), env_path=str(env_path), options=options, rerun=args.rerun

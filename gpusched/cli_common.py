@@ -18,9 +18,14 @@ if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
 
 
 def _home() -> Home:
+    """The state directory, made if need be; UsageError when another machine's daemon runs on
+    it (:func:`gpusched.daemon.check_machine`)."""
+    from gpusched import daemon
     from gpusched.home import Home  # a record: not imported for --version or --help
 
-    return Home.from_env().ensure()
+    home = Home.from_env().ensure()
+    daemon.check_machine(home)
+    return home
 
 
 def _store(*, readonly: bool = False) -> Store:

@@ -25,6 +25,7 @@ from gpusched.cli_common import (
 from gpusched.errors import UsageError
 
 if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
+    from gpusched.home import Home
     from gpusched.model import Suite
 
 
@@ -291,10 +292,16 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 
     home = _home()
     probe = args.probe or _probe_spec(args.fake_gpus)
+    if args.forget_host and args.action != "start":
+        raise UsageError("--forget-host goes with `gpusched daemon start`")
+    if args.forget_host:
+        _forget_host(home, args.forget_host)
     if args.action == "run":
         return daemon.run(home, probe_spec=probe, standby=args.standby)
     if args.action == "start":
         refuse_another_probe(daemon.info(home), probe, probe_source(args.fake_gpus, args.probe))
+        if home.db.exists():  # the daemon would refuse: say it here, in one line
+            daemon.check_jobs_elsewhere(home, _store(readonly=True))
         info = daemon.start(home, probe=probe)
         print(f"daemon running (pid {info.get('pid')}, probe {info.get('probe')})")
         return 0
@@ -307,6 +314,27 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         return 3
     print(json.dumps(current))
     return 0
+
+
+def _forget_host(home: Home, gone: str) -> None:
+    """``daemon start --forget-host HOST``: HOST's jobs recorded running become this machine's,
+    which the daemon then finds not running and requeues as lost."""
+    from gpusched.home import this_host
+    from gpusched.store import Store
+
+    if gone == this_host():
+        raise UsageError(f"--forget-host {gone}: that is this machine; its jobs are looked after here")
+    store = Store(home.db)
+    try:
+        n = store.forget_host(gone, this_host())
+    finally:
+        store.close()
+    if not n:
+        raise UsageError(f"--forget-host {gone}: no job of this queue is recorded running on {gone}")
+    print(
+        f"{n} job{'s' * (n != 1)} recorded running on {gone}: taken as this machine's"
+        " (the daemon requeues each one it does not find running here)"
+    )
 
 
 # --------------------------------------------------------------------------- report

@@ -19,11 +19,14 @@ import sys
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpusched.errors import DaemonError
-from gpusched.home import Home
+from gpusched.errors import DaemonError, UsageError
+from gpusched.home import Home, this_host
 from gpusched.logs import last_line, logger, tail
+
+if TYPE_CHECKING:
+    from gpusched.store import Store
 
 log = logger(__name__)  # logging is imported on first use (status logs nothing)
 
@@ -43,6 +46,54 @@ def info(home: Home) -> dict[str, Any] | None:
         return json.loads(home.daemon_info.read_text())
     except (OSError, ValueError):
         return {"pid": None}
+
+
+#: another machine's daemon that published its GPUs this recently (it does every second) runs
+OTHER_HOST_LIVE_S = 60.0
+
+
+def check_machine(home: Home, *, now: float | None = None) -> None:
+    """UsageError, before anything is read or written, when a daemon of another machine runs
+    on this state directory: it lies on a disk both share (a home directory over NFS). One
+    queue cannot be run from two machines: SQLite's WAL needs its readers and writers on one
+    machine, and each daemon would take the other's jobs for lost and run them again."""
+    try:
+        doc = json.loads(home.daemon_info.read_text())
+    except (OSError, ValueError):
+        return
+    host = doc.get("host") if isinstance(doc, dict) else None
+    if not isinstance(host, str) or host == this_host():
+        return
+    from gpusched.gpus.published import published_at
+
+    now = time.time() if now is None else now
+    seen = published_at(home) or float(doc.get("started_at") or 0.0)
+    if now - seen < OTHER_HOST_LIVE_S or _locked(home.lock):
+        raise UsageError(_shared(home, f"is in use by gpusched's daemon on {host}"))
+
+
+def check_jobs_elsewhere(home: Home, store: Store) -> None:
+    """UsageError when jobs of this queue were started on another machine and are still
+    recorded running: a daemon here would find no such process and run them again."""
+    elsewhere = store.live_elsewhere(this_host())
+    if not elsewhere:
+        return
+    host = elsewhere[0][1]
+    jobs = [j for j, h in elsewhere if h == host]
+    named = ", ".join(jobs[:3]) + (f" and {len(jobs) - 3} more" if len(jobs) > 3 else "")
+    raise UsageError(
+        _shared(home, f"has {len(jobs)} job{'s' * (len(jobs) != 1)} running on {host} ({named})")
+        + f"; if {host} is gone for good (a container since replaced), `gpusched daemon start"
+        f" --forget-host {host}` counts them lost and runs them again here"
+    )
+
+
+def _shared(home: Home, what: str) -> str:
+    return (
+        f"{home.root} {what}: a queue belongs to one machine, and this state directory lies on a disk"
+        f" that machine shares with this one ({this_host()}). Give this machine its own: export"
+        f" GPUSCHED_HOME={home.root.parent / (home.root.name + '-' + this_host())}"
+    )
 
 
 def _locked(path: Path) -> bool:
@@ -246,8 +297,19 @@ def run(
     except Timeout:
         print("gpusched: a daemon already runs for this user", file=sys.stderr)
         return 0
+    store = None
+    try:  # (the lock may be this machine's alone: an NFS mounted with local locks)
+        check_machine(home)
+        store = Store(home.db)
+        check_jobs_elsewhere(home, store)
+    except UsageError as e:
+        print(f"gpusched: {e}", file=sys.stderr)
+        if store is not None:
+            store.close()
+        lock.release()
+        return 2
     # a daemon killed with -9 leaves its daemon.json: replace it before anyone reads its pid
-    _write_info(home, {"pid": os.getpid(), "started_at": time.time(), "ready": False})
+    _write_info(home, {"pid": os.getpid(), "host": this_host(), "started_at": time.time(), "ready": False})
     import logging
 
     logging.basicConfig(
@@ -267,13 +329,13 @@ def run(
     # token on to the tmux server it starts: cancelling the job would take the server along.
     os.environ.pop("GPUSCHED_TOKEN", None)
     fifo = _open_fifo(home.wake)
-    store = Store(home.db)
     executors = _Executors(home)
     executors.preload(sorted({s.backend for s in store.suites()}))
     settings = Settings(wake_path=str(home.wake), cancel_grace_s=_cancel_grace_s())
     sched = Scheduler(store, probe, executors, settings=settings, monotonic=time.monotonic)
     info_doc = {
         "pid": os.getpid(),
+        "host": this_host(),
         "started_at": time.time(),
         "probe": probe.name,
         "probe_spec": probe_spec,

@@ -9,6 +9,12 @@ from pathlib import Path
 from msgspec import Struct
 
 
+def this_host() -> str:
+    """This machine's name, as gpusched records it: in ``daemon.json`` and in the handle of
+    every attempt started as a process or tmux pane of this machine."""
+    return os.uname().nodename
+
+
 class Home(Struct, frozen=True):
     """Every path of the per-user state directory. Created 0700 by :meth:`ensure`."""
 

@@ -491,6 +491,32 @@ class Store:
         q = "SELECT * FROM attempts WHERE state IN ('launching', 'running') ORDER BY id"
         return [AttemptRow.from_row(r) for r in self.db.execute(q)]
 
+    def live_elsewhere(self, host: str) -> list[tuple[str, str]]:
+        """(job id, machine) of the attempts running or launching that were started as a
+        process or pane of another machine than ``host`` (their handle's ``host``)."""
+        q = (
+            "SELECT job_id, json_extract(handle, '$.host') AS h FROM attempts"
+            " WHERE state IN ('launching', 'running') AND h IS NOT NULL AND h != ? ORDER BY id"
+        )
+        return [(job_id, h) for job_id, h in self.db.execute(q, (host,))]
+
+    def forget_host(self, gone: str, host: str, *, now: float | None = None) -> int:
+        """Take the attempts ``gone`` started (a machine or container that no longer exists) as
+        this machine's, ``host``: the daemon here then finds them not running, and requeues
+        them as lost. Returns how many."""
+        now = time.time() if now is None else now
+        with self.tx():
+            jobs = [j for j, h in self.live_elsewhere(host) if h == gone]
+            self.db.execute(
+                "UPDATE attempts SET handle = json_set(handle, '$.host', ?) WHERE state IN"
+                " ('launching', 'running') AND json_extract(handle, '$.host') = ?",
+                (host, gone),
+            )
+            for job_id in jobs:
+                why = f"its attempt on {gone}: that machine is gone, said the user"
+                self._event(now, job_id, "forgotten", why)
+        return len(jobs)
+
     def attempts_by_token(self, tokens: Collection[str]) -> list[AttemptRow]:
         """The attempts whose launch token is one of ``tokens`` (the token column is unique)."""
         ts = sorted(tokens)

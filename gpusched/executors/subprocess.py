@@ -13,15 +13,15 @@ import time
 
 from gpusched import proc
 from gpusched.executors import TOKEN_ENV, WRAPPER, Handle, LaunchRequest, attempt_alive, signal_attempt
-from gpusched.home import Home
+from gpusched.home import Home, this_host
 
 
 class SubprocessExecutor:
     """The :class:`~gpusched.executors.Executor` that runs each attempt as a detached process.
 
     Handle: ``{"pid": wrapper pid, "pid_started_at": its start time, "token": the attempt's
-    GPUSCHED_TOKEN}``; the wrapper leads the attempt's process group, so ``pid`` is also the
-    group id.
+    GPUSCHED_TOKEN, "host": this machine}``; the wrapper leads the attempt's process group,
+    so ``pid`` is also the group id.
     """
 
     name = "subprocess"
@@ -29,6 +29,7 @@ class SubprocessExecutor:
     def __init__(self, home: Home) -> None:
         self.home = home
         self._environ = dict(os.environ)  # read once: os.environ decodes every variable per access
+        self._host = this_host()  # a pid means something on this machine only
 
     def launch(self, req: LaunchRequest) -> Handle:
         """Start the wrapper; return once it has been exec'd. Its environment is this process's,
@@ -44,7 +45,7 @@ class SubprocessExecutor:
         p = proc.spawn(wrapper_argv(req), env=env)  # launch.sh changes to req.workdir
         # the clock, not /proc/PID/stat: reading that waits for the child's exec to finish,
         # and it is within a millisecond of the start time the kernel recorded
-        return {"pid": p.pid, "pid_started_at": time.time(), "token": req.token}
+        return {"pid": p.pid, "pid_started_at": time.time(), "token": req.token, "host": self._host}
 
     def alive(self, handle: Handle) -> bool:
         """True while the wrapper runs, or anything it left in its process group, or a process

@@ -41,7 +41,7 @@ from gpusched.executors import (
     signal_attempt,
 )
 from gpusched.executors.tmux_control import ControlClient
-from gpusched.home import Home
+from gpusched.home import Home, this_host
 
 if TYPE_CHECKING:
     from subprocess import CompletedProcess
@@ -222,7 +222,8 @@ class TmuxExecutor:
     """The :class:`~gpusched.executors.Executor` that runs each attempt in a tmux pane.
 
     Handle: ``{"pane": "%N", "window": "@N", "session": "$N", "pid": wrapper pid (the pane's
-    process and its group leader), "pid_started_at": its start time}``; :meth:`discover` adds
+    process and its group leader), "pid_started_at": its start time, "token", "host": this
+    machine}``; :meth:`discover` adds
     ``"dead"``. :meth:`alive` and :meth:`terminate` need no tmux call.
     """
 
@@ -231,6 +232,7 @@ class TmuxExecutor:
     def __init__(self, home: Home) -> None:
         self.home = home
         self._bin = shutil.which("tmux") or "tmux"
+        self._host = this_host()
         self._prepared = False
         # What this executor knows of the server, read with one list-panes call at the first
         # launch and again when it proves stale: the sessions, our windows by (session, name).
@@ -343,6 +345,7 @@ class TmuxExecutor:
             "pid": pid,
             "pid_started_at": started,
             "token": req.token,
+            "host": self._host,  # the pane is this machine's tmux server's
         }
 
     def _ended_beyond_keep(

@@ -126,6 +126,68 @@ def test_jobs_outlive_the_daemon_and_a_new_daemon_re_adopts_them(
     assert [len(store(gs_home).attempts(f"night/{j}")) for j in "ab"] == [1, 1]
 
 
+def test_a_state_directory_another_machines_daemon_runs_on_is_refused_in_one_line(
+    gs_home: Path, project: Path
+) -> None:
+    """A home directory shared over NFS puts two machines' gpusched on one state directory:
+    one SQLite database in WAL mode written from both, each daemon taking the other's jobs
+    for lost. While another machine's daemon publishes its GPUs there, every command stops."""
+    write_plan(project, "n", "true", ["a"])
+    gs_home.mkdir()
+    now = time.time()
+    (gs_home / "daemon.json").write_text(json.dumps({"pid": 1, "host": "box-b", "started_at": now - 600}))
+    (gs_home / "gpus.json").write_text(json.dumps({"at": now - 1, "notice": None, "gpus": []}))
+    for argv in (("status",), ("submit", "--suite", "n", "--backend", "subprocess"), ("daemon", "stop")):
+        r = run_cli(*argv, cwd=project, env=FAKE)
+        assert r.returncode == 2 and r.stdout == "", (argv, r.stdout, r.stderr)
+        line = r.stderr.strip()
+        assert "\n" not in line and f"{gs_home} is in use by gpusched's daemon on box-b" in line
+        assert f"export GPUSCHED_HOME={gs_home.parent / (gs_home.name + '-' + os.uname().nodename)}" in line
+    assert not (gs_home / "gpusched.db").exists()  # nothing was queued
+    (gs_home / "gpus.json").write_text(json.dumps({"at": now - 3600, "notice": None, "gpus": []}))
+    assert run_cli("status", cwd=project).returncode == 0  # that daemon is long gone
+
+
+def test_jobs_running_on_another_machine_are_never_taken_for_lost_here(gs_home: Path, project: Path) -> None:
+    """The state directory's last daemon ran on another machine and its jobs run there still:
+    a daemon here would find no such process and run them a second time. It does not start
+    (nor does a submit queue anything) until told that machine is gone."""
+    write_plan(project, "n", WAIT_FOR_GO, ["a"])
+    run_cli(
+        "submit",
+        "--suite",
+        "n",
+        "--gpu-plan",
+        "1",
+        "--backend",
+        "subprocess",
+        cwd=project,
+        env=FAKE,
+        check=True,
+    )
+    retry_until(lambda: launches(project) == ["n/a"], timeout=30)
+    pid, _ = wrapper_pid(gs_home, "n/a")
+    run_cli("daemon", "stop", cwd=project, check=True)
+    a = store(gs_home).attempts("n/a")[-1]
+    assert a.handle is not None and a.handle["host"] == os.uname().nodename
+    with store(gs_home).tx() as db:  # as if it had been started on box-b
+        db.execute("UPDATE attempts SET handle = json_set(handle, '$.host', 'box-b') WHERE id = ?", (a.id,))
+    proc.signal_group(pid, signal.SIGKILL)  # ... and box-b is gone with it
+    retry_until(lambda: dead(pid), timeout=10)
+    write_plan(project, "m", "true", ["x"])
+    for argv in (("daemon", "start"), ("submit", "--suite", "m", "--backend", "subprocess")):
+        r = run_cli(*argv, cwd=project, env=FAKE)
+        assert r.returncode == 2, (argv, r.stdout, r.stderr)
+        assert "has 1 job running on box-b (n/a)" in r.stderr and "--forget-host box-b" in r.stderr
+    assert states(gs_home, "n") == {"a": "running"} and states(gs_home, "m") == {}
+    assert run_cli("daemon", "status", cwd=project).returncode == 3  # no daemon started
+    r = run_cli("daemon", "start", "--forget-host", "box-b", cwd=project, env=FAKE, check=True)
+    assert r.stdout.startswith("1 job recorded running on box-b: taken as this machine's")
+    (project / "go").touch()
+    retry_until(lambda: states(gs_home, "n") == {"a": "succeeded"}, timeout=30)
+    assert [x.outcome for x in store(gs_home).attempts("n/a")] == ["lost", "ok"]
+
+
 def test_drain_stops_new_launches_and_running_jobs_finish(gs_home: Path, project: Path) -> None:
     write_plan(project, "dr", WAIT_FOR_GO, ["a", "b"])
     run_cli(
