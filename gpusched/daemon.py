@@ -52,24 +52,37 @@ def info(home: Home) -> dict[str, Any] | None:
 OTHER_HOST_LIVE_S = 60.0
 
 
-def check_machine(home: Home, *, now: float | None = None) -> None:
+def check_machine(home: Home, *, now: float | None = None, holding_lock: bool = False) -> None:
     """UsageError, before anything is read or written, when a daemon of another machine runs
     on this state directory: it lies on a disk both share (a home directory over NFS). One
     queue cannot be run from two machines: SQLite's WAL needs its readers and writers on one
-    machine, and each daemon would take the other's jobs for lost and run them again."""
+    machine, and each daemon would take the other's jobs for lost and run them again.
+    ``holding_lock``: the caller is a daemon that took the lock (it would see itself)."""
     try:
         doc = json.loads(home.daemon_info.read_text())
     except (OSError, ValueError):
         return
     host = doc.get("host") if isinstance(doc, dict) else None
-    if not isinstance(host, str) or host == this_host():
+    if not isinstance(host, str) or host == this_host() or _runs_here(doc):
         return
     from gpusched.gpus.published import published_at
 
     now = time.time() if now is None else now
     seen = published_at(home) or float(doc.get("started_at") or 0.0)
-    if now - seen < OTHER_HOST_LIVE_S or _locked(home.lock):
+    if now - seen < OTHER_HOST_LIVE_S or (not holding_lock and _locked(home.lock)):
         raise UsageError(_shared(home, f"is in use by gpusched's daemon on {host}"))
+
+
+def _runs_here(doc: dict[str, Any]) -> bool:
+    """True when the daemon ``doc`` describes is a process of this machine (renamed since it
+    started): its pid runs here, started when it says (it writes the time after its imports)."""
+    from gpusched import proc
+
+    pid, started = doc.get("pid"), doc.get("started_at")
+    if not isinstance(pid, int) or not isinstance(started, (int, float)):
+        return False
+    began = proc.started_at(pid)
+    return began is not None and 0.0 <= started - began < 30.0
 
 
 def check_jobs_elsewhere(home: Home, store: Store) -> None:
@@ -299,7 +312,7 @@ def run(
         return 0
     store = None
     try:  # (the lock may be this machine's alone: an NFS mounted with local locks)
-        check_machine(home)
+        check_machine(home, holding_lock=True)
         store = Store(home.db)
         check_jobs_elsewhere(home, store)
     except UsageError as e:

@@ -146,6 +146,22 @@ def test_a_state_directory_another_machines_daemon_runs_on_is_refused_in_one_lin
     assert not (gs_home / "gpusched.db").exists()  # nothing was queued
     (gs_home / "gpus.json").write_text(json.dumps({"at": now - 3600, "notice": None, "gpus": []}))
     assert run_cli("status", cwd=project).returncode == 0  # that daemon is long gone
+    # a daemon of this machine, renamed since it started, is not another machine's
+    run_cli(
+        "submit",
+        "--suite",
+        "n",
+        "--gpu-plan",
+        "1",
+        "--backend",
+        "subprocess",
+        cwd=project,
+        env=FAKE,
+        check=True,
+    )
+    doc = json.loads((gs_home / "daemon.json").read_text())
+    (gs_home / "daemon.json").write_text(json.dumps({**doc, "host": "old-name"}))
+    assert run_cli("wait", "--suite", "n", "--timeout", "30", cwd=project).returncode == 0
 
 
 def test_jobs_running_on_another_machine_are_never_taken_for_lost_here(gs_home: Path, project: Path) -> None:
