@@ -216,9 +216,10 @@ def find_checkpoint(
         return None, None
     base = Path(output_dir) if Path(output_dir).is_absolute() else workdir / output_dir
     try:
-        found = [(p.stat().st_mtime, p.name, p) for p in base.glob(pattern)]
+        matches = list(base.glob(pattern))
     except (OSError, ValueError):
         return None, None
+    found = [(t, p.name, p) for p in matches if (t := _mtime(p)) is not None]  # (one rotated away meanwhile)
     newest = max(found, default=None)
     if newest is None or since is None or newest[0] >= since - CLOCK_SLACK_S:
         return (str(newest[2]) if newest else None), None
