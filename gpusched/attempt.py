@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -208,10 +209,10 @@ CLOCK_SLACK_S = 0.1
 def find_checkpoint(
     workdir: Path, output_dir: str | None, pattern: str, *, since: float | None = None
 ) -> tuple[str | None, str | None]:
-    """(the newest file/folder matching ``pattern`` under the job's output dir, written since
-    ``since``; the newest one passed over as older than that), each None when there is none.
-    A checkpoint from before the job's run began is another run's: resuming from it would end
-    a rerun at once on last run's weights, or continue them under an edited config."""
+    """(the newest file/folder matching ``pattern`` under the job's output dir written since
+    ``since``, the newest one written before), each None when there is none. One from before
+    the job's run began is another run's: resuming from it would end a rerun at once on last
+    run's weights, or continue them under an edited config."""
     if not output_dir:
         return None, None
     base = Path(output_dir) if Path(output_dir).is_absolute() else workdir / output_dir
@@ -220,10 +221,10 @@ def find_checkpoint(
     except (OSError, ValueError):
         return None, None
     found = [(t, p.name, p) for p in matches if (t := _mtime(p)) is not None]  # (one rotated away meanwhile)
-    newest = max(found, default=None)
-    if newest is None or since is None or newest[0] >= since - CLOCK_SLACK_S:
-        return (str(newest[2]) if newest else None), None
-    return None, str(newest[2])
+    cut = -math.inf if since is None else since - CLOCK_SLACK_S
+    mine = max((f for f in found if f[0] >= cut), default=None)
+    earlier = max((f for f in found if f[0] < cut), default=None)
+    return (str(mine[2]) if mine else None), (str(earlier[2]) if earlier else None)
 
 
 def materialize(
@@ -251,13 +252,17 @@ def materialize(
     from gpusched import tiers
 
     workdir = Path(suite.workdir)
-    checkpoint = passed_over = None
+    checkpoint = passed_over = withheld = None
     if suite.resume is not None:
         cfg0 = tiers.resolve(suite, job, tier_index).config
         out_dir = tiers.get_path(cfg0, tiers.split_key(suite.resume.output_dir_key))
         checkpoint, passed_over = find_checkpoint(
             workdir, out_dir, suite.resume.checkpoint_glob, since=run_since
         )
+        if checkpoint and passed_over and suite.resume.path_key is None:
+            # only the flag: the trainer picks the checkpoint itself, by step number as a rule
+            # (transformers' get_last_checkpoint), and an earlier run's may have the higher one
+            checkpoint, withheld = None, checkpoint
     resolved = tiers.resolve(suite, job, tier_index, checkpoint=checkpoint)
     tier = suite.tiers[tier_index]
     adir, config = str(paths.dir), paths.config  # each spelled once: a launch is on the hot path
@@ -275,6 +280,11 @@ def materialize(
     if passed_over is not None:
         began = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run_since))
         header.append(f"# not resumed from {passed_over}: older than this run of the job (began {began})")
+    if withheld is not None:
+        header.append(
+            f"# not resumed from {withheld}: beside {passed_over}, the trainer might take that one for the"
+            " newest (with resume.path_key gpusched names the checkpoint to resume from)"
+        )
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's when built with it: ~10x faster
     body = yaml.dump(dict(resolved.config), Dumper=dumper, sort_keys=False, allow_unicode=True)
     _write_fresh(config, "\n".join(header) + "\n" + body)

@@ -7,6 +7,7 @@ import os
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from gpusched import tiers
@@ -157,23 +158,32 @@ def _config(tmp_path: Path, job: str, attempt: str) -> str:
     return (tmp_path / "logs" / "E1" / job / attempt / "config.yaml").read_text()
 
 
+@pytest.mark.parametrize("path_key", [None, "resume_from_checkpoint"])
 def test_a_checkpoint_from_before_the_job_was_submitted_is_not_resumed_from(
-    world: World, tmp_path: Path
+    world: World, tmp_path: Path, path_key: str | None
 ) -> None:
     """Last week's run of the same job left its output dir: a new queue's job starts over
-    (resuming would end it at once on those weights), and its own checkpoints are resumed."""
+    (resuming would end it at once on those weights). After an OOM, its own checkpoint is
+    resumed from when gpusched can name it (path_key); with the flag alone the trainer picks,
+    by step number as a rule, and last week's checkpoint-500 would beat this run's -10."""
     old = _checkpoint(tmp_path, 0, 500, age_s=7 * 86400)
-    world.submit(make_suite(tmp_path, n=1))
+    suite = make_suite(tmp_path, n=1)
+    suite = msgspec.structs.replace(suite, resume=ResumeSpec(flag_key="is_keep_training", path_key=path_key))
+    world.submit(suite)
     job = "E1/0-task"
     world.tick()
     cfg = _config(tmp_path, "0-task", "1-A")
-    assert "is_keep_training" not in cfg
+    assert "is_keep_training" not in cfg and "resume_from_checkpoint" not in cfg
     assert f"# not resumed from {old}: older than this run of the job" in cfg
     mine = _checkpoint(tmp_path, 0, 10)  # this run's, then an OOM
     world.ex.finish(world.ex.token_of(job), exit_code=1, output=OOM_TAIL)
     world.tick()
     cfg = _config(tmp_path, "0-task", "2-B")
-    assert "is_keep_training: true" in cfg and f"resume from {mine}" in cfg and "not resumed" not in cfg
+    if path_key:
+        assert f"resume_from_checkpoint: {mine}" in cfg and "is_keep_training: true" in cfg
+    else:
+        assert "is_keep_training" not in cfg
+        assert f"# not resumed from {mine}: beside {old}, the trainer might take that one" in cfg
 
 
 def test_a_rerun_or_a_retry_of_a_success_starts_over_a_retry_of_a_failure_continues(
