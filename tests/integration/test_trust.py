@@ -79,6 +79,12 @@ def dead(pid: int) -> bool:
     return proc.started_at(pid) is None
 
 
+def submit_on_one_slot(project: Path, suite: str) -> None:
+    """Queue ``suite`` on one fake GPU, one slot, as plain processes."""
+    argv = ("submit", "--suite", suite, "--gpu-plan", "1", "--backend", "subprocess")
+    run_cli(*argv, cwd=project, env=FAKE, check=True)
+
+
 # --------------------------------------------------------------------------- jobs outlive the daemon
 
 
@@ -147,18 +153,7 @@ def test_a_state_directory_another_machines_daemon_runs_on_is_refused_in_one_lin
     (gs_home / "gpus.json").write_text(json.dumps({"at": now - 3600, "notice": None, "gpus": []}))
     assert run_cli("status", cwd=project).returncode == 0  # that daemon is long gone
     # a daemon of this machine, renamed since it started, is not another machine's
-    run_cli(
-        "submit",
-        "--suite",
-        "n",
-        "--gpu-plan",
-        "1",
-        "--backend",
-        "subprocess",
-        cwd=project,
-        env=FAKE,
-        check=True,
-    )
+    submit_on_one_slot(project, "n")
     doc = json.loads((gs_home / "daemon.json").read_text())
     (gs_home / "daemon.json").write_text(json.dumps({**doc, "host": "old-name"}))
     assert run_cli("wait", "--suite", "n", "--timeout", "30", cwd=project).returncode == 0
@@ -169,18 +164,7 @@ def test_jobs_running_on_another_machine_are_never_taken_for_lost_here(gs_home: 
     a daemon here would find no such process and run them a second time. It does not start
     (nor does a submit queue anything) until told that machine is gone."""
     write_plan(project, "n", WAIT_FOR_GO, ["a"])
-    run_cli(
-        "submit",
-        "--suite",
-        "n",
-        "--gpu-plan",
-        "1",
-        "--backend",
-        "subprocess",
-        cwd=project,
-        env=FAKE,
-        check=True,
-    )
+    submit_on_one_slot(project, "n")
     retry_until(lambda: launches(project) == ["n/a"], timeout=30)
     pid, _ = wrapper_pid(gs_home, "n/a")
     run_cli("daemon", "stop", cwd=project, check=True)
