@@ -393,6 +393,7 @@ def _submit(
 
     store = Store(home.db)
     daemon.check_jobs_elsewhere(home, store)  # the daemon would refuse to start: queue nothing
+    _refuse_shared_output_dirs(store, suite)
     write_env_snapshot(env_path, dict(os.environ))
     result = store.submit(
         suite, gplan, backend=backend, cwd=str(cwd), env_path=str(env_path), options=options, rerun=args.rerun
@@ -423,6 +424,30 @@ def _submit(
         print(f"  {info['probe_notice']}")
     print(f"  logs: {suite.logs_dir}/<job>/<attempt>-<tier>/output.log   watch: gpusched status --watch")
     return 0
+
+
+def _refuse_shared_output_dirs(store: Store, suite: Suite) -> None:
+    """UsageError when a job of ``suite`` would keep its checkpoints in the output dir of a
+    job of another suite still queued or running (the same plan submitted again under
+    ``--name``, say): each would resume from the other's checkpoints."""
+    from gpusched import plan
+    from gpusched.store import ACTIVE_STATES
+
+    mine = plan.output_dirs(suite, suite.jobs)
+    if not mine:
+        return
+    for row in store.suites():
+        if row.name == suite.name or row.suite.resume is None:
+            continue
+        active = {j.name: j for j in store.jobs(suite=row.name, states=ACTIVE_STATES)}
+        theirs = plan.output_dirs(row.suite, (j.spec for j in active.values()))
+        for d in sorted(mine.keys() & theirs.keys()):
+            other = active[theirs[d]]
+            raise UsageError(
+                f"{suite.plan_path}: job {mine[d]!r} would keep its checkpoints in {d}, as {other.id}"
+                f" ({other.state.value}) does: each would resume from the other's; give suite"
+                f" {suite.name} output dirs of its own (e.g. outputs/{suite.name}/...)"
+            )
 
 
 def _print_earlier_logs(suite: Suite, queued: tuple[str, ...]) -> None:

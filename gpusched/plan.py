@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -352,6 +352,21 @@ def _check_resume_dirs(w: yf.Where, suite: Suite, jobs: Sequence[tuple[JobSpec, 
             what = f"jobs {seen[str(out)]!r} and {job.name!r} share {key} {yf.show(out)}"
             raise wk.error(f"{what}: they would resume from each other's checkpoints", example)
         seen[str(out)] = job.name
+
+
+def output_dirs(suite: Suite, jobs: Iterable[JobSpec]) -> dict[str, str]:
+    """Absolute output dir -> job name, for ``jobs`` of a suite with ``resume:`` (whose
+    checkpoints live there); jobs without one are left out."""
+    if suite.resume is None:
+        return {}
+    key = tiers.split_key(suite.resume.output_dir_key)
+    base = tiers.deep_merge(suite.base_config_data, suite.config)
+    found = {}
+    for job in jobs:
+        out = tiers.get_path(tiers.deep_merge(base, job.config), key)
+        if out is not None:
+            found[os.path.normpath(os.path.join(suite.workdir, str(out)))] = job.name
+    return found
 
 
 def _retry(w: yf.Where, value: Any) -> RetryPolicy:

@@ -188,6 +188,28 @@ def test_jobs_running_on_another_machine_are_never_taken_for_lost_here(gs_home: 
     assert [x.outcome for x in store(gs_home).attempts("n/a")] == ["lost", "ok"]
 
 
+def test_the_same_plan_under_another_name_may_not_share_output_dirs_with_a_running_suite(
+    gs_home: Path, project: Path
+) -> None:
+    """``submit --name E1b`` of the plan that runs as E1: each job's twin writes the same
+    output dir, and an OOM requeue of one resumes from the other's newest checkpoint."""
+    write_plan(project, "n", WAIT_FOR_GO, ["a", "b"], resume={"flag_key": "is_keep_training"})
+    doc = yaml.safe_load((project / "plans" / "n.yaml").read_text())
+    doc["jobs"] = [{"name": j, "config": {"output_dir": f"out/{j}"}} for j in ("a", "b")]
+    (project / "plans" / "n.yaml").write_text(yaml.safe_dump(doc))
+    submit_on_one_slot(project, "n")
+    twin = ("submit", "--suite", "n", "--name", "n2", "--backend", "subprocess")
+    r = run_cli(*twin, cwd=project, env=FAKE)
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    line = r.stderr.strip()
+    assert "\n" not in line and f"job 'a' would keep its checkpoints in {project / 'out' / 'a'}" in line
+    assert "as n/a (running) does" in line and "give suite n2 output dirs of its own" in line
+    assert states(gs_home, "n2") == {}
+    (project / "go").touch()
+    retry_until(lambda: states(gs_home, "n") == {"a": "succeeded", "b": "succeeded"}, timeout=30)
+    run_cli(*twin, cwd=project, env=FAKE, check=True)  # one after the other is fine
+
+
 def test_drain_stops_new_launches_and_running_jobs_finish(gs_home: Path, project: Path) -> None:
     write_plan(project, "dr", WAIT_FOR_GO, ["a", "b"])
     run_cli(
