@@ -324,11 +324,13 @@ def _forget_host(home: Home, gone: str) -> None:
 
     if gone == this_host():
         raise UsageError(f"--forget-host {gone}: that is this machine; its jobs are looked after here")
-    store = Store(home.db)
-    try:
-        n = store.forget_host(gone, this_host())
-    finally:
-        store.close()
+    n = 0
+    if home.db.exists():
+        store = Store(home.db)
+        try:
+            n = store.forget_host(gone, this_host())
+        finally:
+            store.close()
     if not n:
         raise UsageError(f"--forget-host {gone}: no job of this queue is recorded running on {gone}")
     print(

@@ -188,6 +188,19 @@ def test_jobs_running_on_another_machine_are_never_taken_for_lost_here(gs_home: 
     assert [x.outcome for x in store(gs_home).attempts("n/a")] == ["lost", "ok"]
 
 
+def test_forget_host_misused_is_one_line_and_starts_nothing(gs_home: Path, project: Path) -> None:
+    for argv, said in (
+        (("daemon", "stop", "--forget-host", "box-b"), "--forget-host goes with `gpusched daemon start`"),
+        (("daemon", "start", "--forget-host", os.uname().nodename), "that is this machine"),
+        (("daemon", "start", "--forget-host", "box-b"), "no job of this queue is recorded running on box-b"),
+    ):
+        r = run_cli(*argv, cwd=project, env=FAKE)
+        assert r.returncode == 2 and r.stdout == "" and said in r.stderr, (argv, r.stdout, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1
+    assert run_cli("daemon", "status", cwd=project).returncode == 3
+    assert not (gs_home / "gpusched.db").exists()
+
+
 def test_the_same_plan_under_another_name_may_not_share_output_dirs_with_a_running_suite(
     gs_home: Path, project: Path
 ) -> None:
