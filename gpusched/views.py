@@ -424,7 +424,15 @@ def format_status(
             head += paint(f"  STALLED: {since} ({d.get('stalled_why')})", "bold red")
     else:
         head = paint("daemon not running", "bold red")
-        head += "  (it starts with `gpusched submit`, or `gpusched daemon start`)"
+        c = doc["counts"]
+        if left := [f"{c[k]} {k}" for k in ("running", "queued") if c.get(k)]:
+            # after a reboot or a kill -9: "running" is what the store last knew
+            head += (
+                f": the {' and '.join(left)} shown wait for it (nothing is launched, nothing that"
+                " ended is reaped); `gpusched daemon start`"
+            )
+        else:
+            head += "  (it starts with `gpusched submit`, or `gpusched daemon start`)"
     if doc.get("draining"):
         head += paint("  DRAINING: no new launches (`gpusched drain --off` resumes)", "bold yellow")
     out.append(head)

@@ -250,6 +250,25 @@ def test_the_table_shows_where_an_ended_job_ran_and_no_card_for_a_queued_one(tmp
     assert rows["E1/0-sst2"][2].strip() == "queued" and rows["E1/0-sst2"][3].strip() == ""
 
 
+def test_without_a_daemon_the_jobs_it_would_look_after_are_named_on_the_first_line(tmp_path: Path) -> None:
+    """After a reboot (or a daemon killed), status still shows jobs "running": the first line
+    says that nothing is looking after them, and how to bring it back."""
+    box = busy_box(tmp_path)
+    head = format_status(box.status(), width=200).splitlines()[0]
+    c = box.status()["counts"]
+    assert head.startswith(  # (busy_box drains too: its notice follows)
+        f"daemon not running: the {c['running']} running and {c['queued']} queued shown wait for it"
+        " (nothing is launched, nothing that ended is reaped); `gpusched daemon start`  DRAINING"
+    )
+    for job in box.store.jobs():
+        box.store.request_cancel([job.id])
+    box.tick()
+    box.tick()
+    box.store.set_flag("draining", None)
+    head = format_status(box.status(), width=200).splitlines()[0]
+    assert head == "daemon not running  (it starts with `gpusched submit`, or `gpusched daemon start`)"
+
+
 def test_the_table_fits_the_terminal_and_keeps_every_word(tmp_path: Path) -> None:
     box = busy_box(tmp_path)
     doc = box.status()
