@@ -502,8 +502,8 @@ class Store:
 
     def forget_host(self, gone: str, host: str, *, now: float | None = None) -> int:
         """Take the attempts ``gone`` started (a machine or container that no longer exists) as
-        this machine's, ``host``: the daemon here then finds them not running, and requeues
-        them as lost. Returns how many."""
+        this machine's, ``host``: the daemon here then adopts each one it finds running and
+        requeues the rest as lost. Returns how many."""
         now = time.time() if now is None else now
         with self.tx():
             jobs = [j for j, h in self.live_elsewhere(host) if h == gone]
