@@ -237,8 +237,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         s.add_argument(
             "--forget-host",
             metavar="HOST",
-            help="with start: jobs recorded running on HOST, a machine or container that no longer"
-            " exists, are counted lost and run again here",
+            help="with start: take the jobs recorded running on HOST, a machine or container that no"
+            " longer exists, as this machine's (those not running here are counted lost and run again)",
         )
         s.set_defaults(func=cmd_daemon)
 

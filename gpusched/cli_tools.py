@@ -317,8 +317,8 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 
 
 def _forget_host(home: Home, gone: str) -> None:
-    """``daemon start --forget-host HOST``: HOST's jobs recorded running become this machine's,
-    which the daemon then finds not running and requeues as lost."""
+    """``daemon start --forget-host HOST``: HOST's jobs recorded running become this machine's;
+    the daemon adopts each one it finds running here and requeues the rest as lost."""
     from gpusched.home import this_host
     from gpusched.store import Store
 
