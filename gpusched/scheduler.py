@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 #: card (CUDA says "unspecified launch failure" or nothing at all; it hangs past its limit);
 #: such an end is the card's fault, as an uncorrectable ECC error is.
 _A_LOST_CARD_EXPLAINS = frozenset({Outcome.ERROR, Outcome.TIMEOUT, Outcome.LOST})
+#: the queued jobs that may start at a time (its one ``?``): the candidates' condition
+_MAY_START = "state = 'queued' AND (not_before IS NULL OR not_before <= ?)"
 
 
 def _our_card(a: AttemptRow) -> int | None:
@@ -163,6 +165,7 @@ class Scheduler:
         self._queue_version: int | None = None  # the database they were read from (its data_version)
         store.note_changed_jobs()  # ... and what this connection changed since
         self._queue_span = (math.inf, -math.inf)  # ... valid for these times (no not_before within)
+        self._queued_suites: list[str] | None = None  # the suites with jobs queued, this tick
         self._term_sent: dict[int, float] = {}
         self._stops: dict[int, tuple[str, float]] = {}  # attempts stopped at a limit: (why, since)
         self.last_snapshot: list[GpuState] = []
@@ -181,6 +184,7 @@ class Scheduler:
         live = self.store.live_attempts()
         self._stops = self.store.stops()
         live = self._reap(live, now, report)
+        self._queued_suites = None  # read again once the reaps have requeued what they do
         gpus = self._gpus(now)
         self.last_snapshot = gpus
         if any(g.lost for g in gpus):
@@ -634,39 +638,72 @@ class Scheduler:
         return [j for j in queued if j.id not in waits] if waits else queued
 
     def _candidates(self, now: float) -> list[JobRow]:
-        """The first ``candidates`` queued jobs that may start at ``now``, in the queue's order.
-        Kept between ticks: read whole again when another connection committed (a submit, a
-        cancel: ``PRAGMA data_version`` moves) or ``now`` left the span in which no
-        ``not_before`` falls; after this connection's own writes (a tick's launches and reaps)
-        only the window's order is read again, and whole only the rows it changed
+        """The first ``candidates`` queued jobs that may start at ``now``, in the queue's order,
+        and when those are all of one suite or a few, the first of each other suite with jobs
+        queued (:meth:`_with_heads`). Kept between ticks: read whole again when another connection
+        committed (a submit, a cancel: ``PRAGMA data_version`` moves) or ``now`` left the span
+        in which no ``not_before`` falls; after this connection's own writes (a tick's launches
+        and reaps) only the window's order is read again, and whole only the rows it changed
         (:meth:`Store.changed_jobs`) or that are new to the window."""
         db, n = self.store.db, self.settings.candidates
         version = self._data_version()
         changed = self.store.changed_jobs()
         since, until = self._queue_span
-        window = "FROM jobs WHERE state = 'queued' AND (not_before IS NULL OR not_before <= ?)"
-        window += " ORDER BY priority DESC, seq LIMIT ?"
+        window = f"FROM jobs WHERE {_MAY_START} ORDER BY priority DESC, seq LIMIT ?"
         fresh = version == self._queue_version
         if fresh:
             if not changed and since <= now < until:
                 return list(self._queue.values())
             kept = {seq: j for seq, j in self._queue.items() if seq not in changed}
-            order = [seq for (seq,) in db.execute(f"SELECT seq {window}", (now, n))]
+            order = [seq for (seq,) in db.execute(f"SELECT seq {window}", (now, n))]  # (the index alone)
             new = [seq for seq in order if seq not in kept]
             if new:
                 marks = ",".join("?" * len(new))
                 q = f"SELECT * FROM jobs WHERE state = 'queued' AND seq IN ({marks})"
                 kept.update((r["seq"], JobRow.from_row(r)) for r in db.execute(q, new))
-            self._queue = {seq: kept[seq] for seq in order if seq in kept}
+            self._queue = self._with_heads(
+                now, {seq: kept[seq] for seq in order if seq in kept}, full=len(order) == n
+            )
             fresh = self._data_version() == version  # no other commit landed between those reads
         if not fresh:
             version = self._data_version()
-            self._queue = {r["seq"]: JobRow.from_row(r) for r in db.execute(f"SELECT * {window}", (now, n))}
+            rows = db.execute(f"SELECT * {window}", (now, n)).fetchall()
+            self._queue = self._with_heads(
+                now, {r["seq"]: JobRow.from_row(r) for r in rows}, full=len(rows) == n
+            )
         (later,) = db.execute(
             "SELECT MIN(not_before) FROM jobs WHERE state = 'queued' AND not_before > ?", (now,)
         ).fetchone()
         self._queue_version, self._queue_span = version, (now, math.inf if later is None else later)
         return list(self._queue.values())
+
+    def _with_heads(self, now: float, window: dict[int, JobRow], *, full: bool) -> dict[int, JobRow]:
+        """``window`` and, when it is ``full``, the first queued jobs of each suite that has
+        none in it: as many as its plan has slots, at least 32, all in the queue's order.
+        Without them a long suite at the head of the queue kept another suite's jobs out of
+        every tick, and a card only that one may use sat idle all night."""
+        if not full:
+            return window
+        seen = {j.suite for j in window.values()}
+        q = f"SELECT * FROM jobs WHERE {_MAY_START} AND suite = ? ORDER BY priority DESC, seq LIMIT ?"
+        heads = [
+            JobRow.from_row(r)
+            for name in self._queued_suite_names()
+            if name not in seen and (row := self._suite(name)) is not None
+            for r in self.store.db.execute(q, (now, name, max(32, row.gpu_plan.total_slots)))
+        ]
+        if not heads:
+            return window
+        merged = [*window.values(), *heads]
+        return {j.seq: j for j in sorted(merged, key=lambda j: (-j.priority, j.seq))}
+
+    def _queued_suite_names(self) -> list[str]:
+        """The suites with jobs queued, read once a tick after its reaps (for the window's
+        heads and the cards the views hold)."""
+        if self._queued_suites is None:
+            q = "SELECT DISTINCT suite FROM jobs WHERE state = 'queued'"
+            self._queued_suites = [name for (name,) in self.store.db.execute(q)]
+        return self._queued_suites
 
     def _data_version(self) -> int:
         """Moves when another connection commits to the database (a submit, a cancel)."""
@@ -695,11 +732,7 @@ class Scheduler:
         }
 
     def _active_suites(self) -> list[SuiteRow]:
-        names = [
-            r["suite"]
-            for r in self.store.db.execute("SELECT DISTINCT suite FROM jobs WHERE state = 'queued'")
-        ]
-        return [s for s in (self._suite(n) for n in names) if s is not None]
+        return [s for s in (self._suite(n) for n in self._queued_suite_names()) if s is not None]
 
     def _is_exclusive(self, a: AttemptRow) -> bool:
         suite = self._suite(a.job_id.split("/", 1)[0])

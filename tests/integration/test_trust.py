@@ -223,6 +223,22 @@ def test_the_same_plan_under_another_name_may_not_share_output_dirs_with_a_runni
     run_cli(*twin, cwd=project, env=FAKE, check=True)  # one after the other is fine
 
 
+def test_a_second_suite_runs_on_its_own_card_beside_a_long_queue_of_the_first(
+    gs_home: Path, project: Path
+) -> None:
+    """300 jobs of one suite may use GPU 0 only; another suite's jobs GPU 1 only. They used
+    to wait behind the first suite's queue with GPU 1 idle."""
+    write_plan(project, "big", WAIT_FOR_GO, [f"j{i}" for i in range(300)])
+    write_plan(project, "small", "true", ["a", "b"])
+    for suite, plan in (("big", "1,0"), ("small", "0,1")):
+        argv = ("submit", "--suite", suite, "--gpu-plan", plan, "--backend", "subprocess")
+        run_cli(*argv, cwd=project, env=FAKE, check=True)
+    r = run_cli("wait", "--suite", "small", "--timeout", "30", cwd=project)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert states(gs_home, "big")["j0"] == "running" and launches(project).count("big/j1") == 0
+    run_cli("cancel", "big/*", cwd=project, check=True)
+
+
 def test_drain_stops_new_launches_and_running_jobs_finish(gs_home: Path, project: Path) -> None:
     write_plan(project, "dr", WAIT_FOR_GO, ["a", "b"])
     run_cli(

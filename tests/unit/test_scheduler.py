@@ -14,7 +14,7 @@ from gpusched import tiers
 from gpusched.executors.fake import FakeExecutor
 from gpusched.gpus.fake import FakeProbe
 from gpusched.model import BatchRule, GpuPlan, JobSpec, JobState, ResumeSpec, Suite, Tier
-from gpusched.scheduler import Scheduler
+from gpusched.scheduler import Scheduler, Settings
 from gpusched.store import Store
 from gpusched.tiers import DEFAULT_ENV
 from tests.helpers import read_launch
@@ -89,6 +89,25 @@ def test_fills_exactly_the_slots_of_the_plan_and_records_why_the_rest_waits(
     waiting = world.store.jobs(states=["queued"])
     assert len(waiting) == 2 and all("slots busy" in (j.wait_reason or "") for j in waiting)
     assert world.tick().launched == []  # nothing frees, nothing launches
+
+
+def test_a_long_suite_at_the_head_of_the_queue_does_not_keep_another_suites_card_idle(tmp_path: Path) -> None:
+    """E1's 300 jobs may use GPU 0 only, E2's few GPU 1 only (each suite its own --gpu-plan).
+    A tick places from the queue's first ``candidates`` jobs, all E1's: E2's jobs were never
+    among them, and GPU 1 sat idle until E1 had fewer queued than that."""
+    store = Store(tmp_path / "gs.db")
+    ex = FakeExecutor(name="fake")
+    sched = Scheduler(store, FakeProbe.from_spec("2x24GiB"), {"fake": ex}, settings=Settings(candidates=8))
+    for name, n, slots in (("E1", 20, (1, 0)), ("E2", 3, (0, 1))):
+        plan = GpuPlan(gpus=(0, 1), slots=slots)
+        store.submit(
+            make_suite(tmp_path, n=n, name=name), plan, backend="fake", cwd=str(tmp_path), env_path=None
+        )
+    launched = sched.tick(100.0).launched
+    assert sorted((job.split("/")[0], gpu) for job, gpu, _ in launched) == [("E1", 0), ("E2", 1)]
+    ex.finish(ex.token_of(next(j for j, g, _ in launched if g == 1)), exit_code=0)
+    again = sched.tick(101.0).launched  # a refill reads the window again after its own writes
+    assert [(job.split("/")[0], gpu) for job, gpu, _ in again] == [("E2", 1)]
 
 
 def test_attempt_directory_holds_config_and_a_launch_script_with_env_and_command(
