@@ -463,9 +463,8 @@ def _print_earlier_logs(suite: Suite, queued: tuple[str, ...]) -> None:
         first = f"1-{suite.tiers[0].name}"
         print(
             f"  {k} of these jobs already {'have' if k != 1 else 'has'} log folders in {suite.logs_dir},"
-            " from a queue gpusched"
-            " no longer knows (a deleted state directory, another GPUSCHED_HOME): left as they are;"
-            f" new attempts go beside them, as {first}~2/ beside {first}/"
+            " from a queue gpusched no longer knows (a deleted state directory, another GPUSCHED_HOME):"
+            f" left as they are; new attempts go beside them, as {first}~2/ beside {first}/"
             + ("; they start over, not from that queue's checkpoints" if suite.resume else "")
         )
 

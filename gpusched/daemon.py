@@ -97,7 +97,7 @@ def check_jobs_elsewhere(home: Home, store: Store) -> None:
     raise UsageError(
         _shared(home, f"has {len(jobs)} job{'s' * (len(jobs) != 1)} running on {host} ({named})")
         + f"; if {host} is gone for good (a container since replaced), `gpusched daemon start"
-        f" --forget-host {host}` counts them lost and runs them again here"
+        f" --forget-host {host}` takes them as this machine's (those not running here run again)"
     )
 
 

@@ -343,9 +343,9 @@ def _check_resume_dirs(w: yf.Where, suite: Suite, jobs: Sequence[tuple[JobSpec, 
     wk = w.at("resume").at("output_dir_key")
     example = f'e.g. job.config.{key}: "outputs/{{task}}/seed{{seed}}"'
     seen: dict[str, str] = {}
+    base = tiers.deep_merge(suite.base_config_data, suite.config)
     for job, _ in jobs:
-        merged = tiers.deep_merge(tiers.deep_merge(suite.base_config_data, suite.config), job.config)
-        out = tiers.get_path(merged, tiers.split_key(key))
+        out = _output_dir(suite, base, job)
         if out is None:
             raise wk.error(f"job {job.name!r} has no {key}, so its checkpoints cannot be found", example)
         if str(out) in seen:
@@ -359,14 +359,19 @@ def output_dirs(suite: Suite, jobs: Iterable[JobSpec]) -> dict[str, str]:
     checkpoints live there); jobs without one are left out."""
     if suite.resume is None:
         return {}
-    key = tiers.split_key(suite.resume.output_dir_key)
     base = tiers.deep_merge(suite.base_config_data, suite.config)
     found = {}
     for job in jobs:
-        out = tiers.get_path(tiers.deep_merge(base, job.config), key)
-        if out is not None:
+        if (out := _output_dir(suite, base, job)) is not None:
             found[os.path.normpath(os.path.join(suite.workdir, str(out)))] = job.name
     return found
+
+
+def _output_dir(suite: Suite, base: dict[str, Any], job: JobSpec) -> Any:
+    """The job's ``resume.output_dir_key`` value (None when unset): ``base`` (the base config
+    and the suite's, merged once for all jobs) with the job's config over it."""
+    assert suite.resume is not None
+    return tiers.get_path(tiers.deep_merge(base, job.config), tiers.split_key(suite.resume.output_dir_key))
 
 
 def _retry(w: yf.Where, value: Any) -> RetryPolicy:
