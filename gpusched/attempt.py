@@ -25,6 +25,7 @@ from typing import Any
 
 from msgspec import Struct
 
+from gpusched.logs import plain
 from gpusched.model import ExitRecord
 
 
@@ -123,7 +124,7 @@ class AttemptPaths(Struct, frozen=True):
             return ""
 
     def last_line(self) -> str:
-        for line in reversed(self.log_tail(4096).splitlines()):
+        for line in reversed(plain(self.log_tail(4096)).splitlines()):
             line = line.strip()
             if line and not line.startswith("[gpusched]"):
                 return line

@@ -8,6 +8,7 @@ the same named loggers, levels, handlers and ``caplog``.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -46,7 +47,21 @@ def tail(path: Path, max_bytes: int) -> str:
     return data.decode("utf-8", "replace")
 
 
+#: What a terminal takes as an instruction rather than text: colours and cursor moves (CSI,
+#: ``ESC [ ... m``), window titles and links (OSC, ``ESC ] ... BEL``), the other escapes, and
+#: the C0 controls but tab and the line ends. A trainer's coloured logger or progress bar
+#: writes them into output.log; shown as text they are ``[1;31m`` noise in ``status``.
+_CONTROLS = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]?|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]"
+)
+
+
+def plain(text: str) -> str:
+    """``text`` without terminal control sequences: what a reader of the terminal saw as text."""
+    return _CONTROLS.sub("", text)
+
+
 def last_line(text: str) -> str:
-    """The last line of ``text`` that is not blank, stripped ('' when there is none)."""
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    """The last line of ``text`` that is not blank, as text (no colours), stripped ('' if none)."""
+    lines = [ln for ln in plain(text).strip().splitlines() if ln.strip()]
     return lines[-1].strip() if lines else ""

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 
 from msgspec import Struct
 
+from gpusched.logs import plain
 from gpusched.model import (
     OOM_EXIT_CODE,
     Classification,
@@ -232,14 +233,13 @@ class _Line(Struct, frozen=True):
     indented: bool  # began with white space (after that prefix): a traceback's source line does
 
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _RANK_PREFIX = re.compile(r"^\[[A-Za-z]*\d+\]: ?")  # torchrun's "[rank0]: ", "[default0]:"
 _TRACEBACK_FILE = re.compile(r'^File ".*", line \d+')
 
 
 def _lines(log_tail: str) -> list[_Line]:
     out = []
-    for piece in _ANSI.sub("", log_tail).splitlines():
+    for piece in plain(log_tail).splitlines():
         raw = piece.strip()
         if raw.startswith("[gpusched]"):  # the wrapper's own notes
             continue

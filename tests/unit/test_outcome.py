@@ -408,6 +408,17 @@ def test_error_reason_falls_back_to_last_line_and_is_short() -> None:
     assert long.line is not None and len(long.line) <= 300
 
 
+def test_a_coloured_traceback_gives_its_reason_as_text() -> None:
+    """A coloured traceback (colours, `tput sgr0`'s reset, a hyperlink to the file) is read as
+    the text it shows."""
+    c = run(
+        "\x1b[31mTraceback\x1b[0m (most recent call last):\n"
+        '  File "\x1b]8;;file:///t.py\x1b\\t.py\x1b]8;;\x1b\\", line 3, in <module>\n'
+        "\x1b[1;35mKeyError\x1b(B\x1b[m: \x1b[32m'label'\x1b[0m\x1b[K\n"  # tput sgr0 is ESC ( B ESC [ m
+    )
+    assert (c.outcome, c.reason) == (Outcome.ERROR, "KeyError: 'label'")
+
+
 # --------------------------------------------------------------------------- next_step
 
 LADDER = (

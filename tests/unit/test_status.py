@@ -108,6 +108,21 @@ def test_status_json_is_the_status_document_as_text(tmp_path: Path) -> None:
     assert all(j["last_line"] is None for j in doc["jobs"] if j["state"] != "running")
 
 
+def test_a_coloured_progress_bar_is_shown_as_the_text_it_draws(tmp_path: Path) -> None:
+    """A trainer's coloured logger and its progress bar (colours, ``\\r`` redraws, a window
+    title, a hyperlink) write terminal controls into output.log: ``status`` shows what the
+    pane showed, the last redraw, not ``[1;31m`` remnants or the whole bar's history."""
+    box = busy_box(tmp_path)
+    bar = "".join(f"\r\x1b[32mEpoch 1:\x1b[0m {i}/200 \x1b[K" for i in range(80))
+    log = f"\x1b]0;train\x07\x1b[1;31mWARN\x1b[0m \x1b]8;;http://wandb\x1b\\run\x1b]8;;\x1b\\\n{bar}"
+    (Path(box.attempt("E1/0-rte").dir) / "output.log").write_text(log)
+    running = next(j for j in box.status()["jobs"] if j["id"] == "E1/0-rte")
+    assert running["last_line"] == "Epoch 1: 79/200"
+    (Path(box.attempt("E1/0-rte").dir) / "output.log").write_text(log.split("\n")[0] + "\n\n")
+    running = next(j for j in box.status()["jobs"] if j["id"] == "E1/0-rte")
+    assert running["last_line"] == "WARN run"
+
+
 def test_a_tier_past_the_suites_last_shows_the_last_ones_name(tmp_path: Path) -> None:
     """A job whose tier index is past its suite's tiers (a plan re-submitted with fewer)
     shows the last tier's name and its own index."""
