@@ -52,7 +52,10 @@ def tail(path: Path, max_bytes: int) -> str:
 #: the C0 controls but tab and the line ends. A trainer's coloured logger or progress bar
 #: writes them into output.log; shown as text they are ``[1;31m`` noise in ``status``.
 _CONTROLS = re.compile(
-    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]?|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]"
+    r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI: colours, cursor moves, erase
+    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC: window title, hyperlink
+    r"|\x1b[ -/]*[0-~]?"  # the other escapes: ESC ( B, ESC 7, ...
+    r"|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]"  # C0 controls but tab, \n and \r
 )
 
 

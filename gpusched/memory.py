@@ -34,6 +34,7 @@ process trees of its attempts, host RAM) and acts on the answers.
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -600,11 +601,17 @@ def host_wait(
     if oom_hold is not None:
         since, job_id = oom_hold
         need = int(floor * limit.recover_factor)
-        if avail is None or avail < need or now - since < limit.hold_s:
+        if avail is None or avail < need:
             have = "unknown" if avail is None else gib(avail)
             return (
                 f"held after a host OOM of {job_id}: waiting for host RAM to recover"
                 f" ({have} available, needs {gib(need)})"
+            )
+        if now - since < limit.hold_s:  # RAM is back; the OOM is too recent to trust it
+            clock = time.strftime("%H:%M:%S", time.localtime(since + limit.hold_s))
+            return (
+                f"held after a host OOM of {job_id}: launches resume at {clock} while host RAM"
+                f" stays at {gib(need)} or more ({gib(avail)} available)"
             )
     if avail is not None and floor and avail < floor:
         return f"host RAM low: {gib(avail)} available, launches wait for {gib(floor)}"

@@ -4,6 +4,7 @@ the tier ladder learned across tasks, start safer, pack down, holds, never deadl
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 from msgspec.structs import replace
@@ -514,7 +515,13 @@ def test_launches_wait_while_host_ram_is_low_and_after_a_host_oom_until_it_recov
     assert memory.host_wait(ok, limit, oom_hold=None, now=0) is None
     hold = (100.0, "E1/a")
     assert "host OOM of E1/a" in (memory.host_wait(ok, limit, oom_hold=hold, now=200) or "")  # 6 < 2 x 4
-    assert memory.host_wait(plenty, limit, oom_hold=hold, now=110) is not None  # too soon
+    held = memory.host_wait(ok, limit, oom_hold=hold, now=200) or ""
+    assert "waiting for host RAM to recover (6.0 GiB available, needs 8.0 GiB)" in held
+    # RAM is back but the OOM is too recent: the line says when launches resume, not "waiting for RAM"
+    clock = time.strftime("%H:%M:%S", time.localtime(130.0))
+    soon = memory.host_wait(plenty, limit, oom_hold=hold, now=110) or ""
+    assert soon.endswith(f"resume at {clock} while host RAM stays at 8.0 GiB or more (20.0 GiB available)")
+    assert memory.host_wait(plenty, limit, oom_hold=hold, now=131) is None
     assert memory.host_recovered(plenty, limit, 100.0, 200.0)
 
 
