@@ -125,6 +125,12 @@ def resolve_jobs(store: Store, patterns: list[str]) -> list[str]:
             continue
         hits = [i for i in ids if fnmatch.fnmatchcase(i, pat) or fnmatch.fnmatchcase(i.split("/", 1)[1], pat)]
         if not hits:
+            of_suite = [i for i in ids if i.startswith(f"{pat}/")]
+            if of_suite:  # `gpusched logs E1`: a suite's name where a job's was meant
+                raise UsageError(
+                    f"'{pat}' is a suite, not a job: name one of its jobs ({of_suite[0]}, ...),"
+                    f" or all of them as '{pat}/*' where a command takes several"
+                )
             raise UsageError(f"no job matches '{pat}'{did_you_mean(pat, ids)}: see `gpusched status`")
         if len(hits) > 1 and not any(ch in pat for ch in "*?["):
             raise UsageError(f"'{pat}' is ambiguous ({', '.join(hits[:3])}...): give the full id SUITE/NAME")

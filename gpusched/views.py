@@ -460,11 +460,17 @@ def format_status(
     shown = _pick_rows(doc["jobs"], max_jobs)
     heads = ["job", "state", "GPU", "tier", "attempt", "runtime", "memory GiB", "outcome / why / last line"]
     title = f"Jobs ({total})" if states is None else f"Jobs ({total} {', '.join(states)})"
-    out += _table(title, heads, [_job_cells(j) for j in shown], width, paint, fold_last=0)
+    older = _earlier(earlier, states)
+    if shown:
+        out += _table(title, heads, [_job_cells(j) for j in shown], width, paint, fold_last=0)
+    elif states is not None:
+        out.append(f"no {' or '.join(states)} jobs" + (" in the last day" if older else ""))
+    elif not earlier:
+        out.append("no jobs yet: `gpusched submit --suite NAME` queues the jobs of plans/NAME.yaml")
     if len(shown) < total:
         out.append(paint(f"... {_hidden(counts, shown)} (use --all, --state STATE or --suite)", "dim"))
-    if line := _earlier(earlier, states):
-        out.append(paint(line, "dim"))
+    if older:
+        out.append(paint(older, "dim"))
     return "\n".join(out)
 
 

@@ -377,6 +377,20 @@ def test_state_picks_the_jobs_shown_and_all_lifts_the_tables_cap(
     assert "... 11 more jobs: 11 queued (use --all" in capsys.readouterr().out
     assert cli.main(["status", "--json", "--state", "succeeded,failed"]) == 0
     assert [j["id"] for j in json.loads(capsys.readouterr().out)["jobs"]] == ["E1/0-qnli"]
+    assert cli.main(["status", "--state", "failed,cancelled"]) == 0
+    out = capsys.readouterr().out
+    assert "no failed or cancelled jobs" in out and "┃ job" not in out  # a line, not an empty table
+
+
+def test_status_of_a_new_queue_says_how_to_start_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpusched import cli
+
+    monkeypatch.setenv("GPUSCHED_HOME", str(tmp_path / "home"))
+    assert cli.main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert "no jobs yet: `gpusched submit --suite NAME`" in out and "┃ job" not in out
 
 
 BAD_OPTIONS = [
@@ -394,6 +408,8 @@ BAD_OPTIONS = [
     (["status", "--json", "--suite", "E1x"], "--suite E1x: no such suite (did you mean 'E1'?)"),
     (["wait", "--suite", "E1x"], "--suite E1x: no such suite (did you mean 'E1'?)"),
     (["cancel", "--suite", "E1x"], "--suite E1x: no such suite (did you mean 'E1'?)"),
+    (["logs", "E1"], "'E1' is a suite, not a job: name one of its jobs (E1/0-qnli, ...), or all of"),
+    (["retry", "E1"], "'E1' is a suite, not a job"),
 ]
 
 
