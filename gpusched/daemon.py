@@ -295,6 +295,7 @@ def run(
     from gpusched.executors import select as _executors  # noqa: F401  (imported before the word)
     from gpusched.gpus import published
     from gpusched.gpus.select import make_probe
+    from gpusched.memwatch import OomKills
     from gpusched.notify import Notifier
     from gpusched.scheduler import Scheduler, Settings
     from gpusched.store import Store
@@ -345,7 +346,8 @@ def run(
     executors = _Executors(home)
     executors.preload(sorted({s.backend for s in store.suites()}))
     settings = Settings(wake_path=str(home.wake), cancel_grace_s=_cancel_grace_s())
-    sched = Scheduler(store, probe, executors, settings=settings, monotonic=time.monotonic)
+    kills = OomKills(since=time.time())  # the kernel's OOM kills from now on: not before
+    sched = Scheduler(store, probe, executors, settings=settings, monotonic=time.monotonic, oom_kills=kills)
     info_doc = {
         "pid": os.getpid(),
         "host": this_host(),

@@ -79,6 +79,39 @@ def host_memory() -> memory.HostMemory:
         return memory.HostMemory(available_mib=None, total_mib=None)
 
 
+def kernel_oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer has killed since boot (``oom_kill`` in
+    /proc/vmstat, Linux 4.13+; a cgroup's OOM kills count too), or None where it is not there."""
+    try:
+        with open("/proc/vmstat", "rb") as f:
+            for line in f:
+                if line.startswith(b"oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+class OomKills:
+    """Whether the kernel's OOM killer certainly killed nothing since a moment. The count is
+    read when the daemon starts and when a job ends by SIGKILL, never on a tick: while it has
+    not moved, the kernel killed nothing since it was first seen at that value."""
+
+    def __init__(self, read: Callable[[], int | None] = kernel_oom_kills, *, since: float) -> None:
+        self.read = read
+        self.count = read()
+        self.since = since  # the count has been self.count at least since then
+
+    def none_since(self, t: float, now: float) -> bool:
+        """True when the kernel OOM-killed nothing from ``t`` to ``now``; False when it did or
+        may have (the count moved, or was not read before ``t``, or cannot be read)."""
+        count = self.read()
+        if count is None or self.count is None or count != self.count:
+            self.count, self.since = count, now
+            return False
+        return self.since <= t
+
+
 def host_limit_from_env() -> memory.HostLimit:
     """``GPUSCHED_HOST_MIN_FREE`` (``4GiB``, ``10%``, ``4GiB,10%``, ``0``), else the default."""
     raw = os.environ.get(HOST_MIN_ENV, "").strip()

@@ -52,7 +52,14 @@ CONTENTION_SHARE = 0.40
 
 _REASON_MAX = 200
 _LINE_MAX = 300
-_SIGKILL_REASON = "killed by SIGKILL (likely the kernel OOM killer)"
+SIGKILL_REASON = "killed by SIGKILL (likely the kernel OOM killer)"
+#: The reason instead, where the kernel's count of OOM kills shows it killed nothing while the job
+#: ran (see :class:`gpusched.memwatch.OomKills`): still a host OOM, the likeliest sender being a
+#: userspace OOM killer acting on memory pressure (Ubuntu's systemd-oomd, earlyoom).
+SIGKILL_NOT_KERNEL = (
+    "killed by SIGKILL, not by the kernel's OOM killer (it killed nothing while the job ran):"
+    " a userspace OOM killer (systemd-oomd, earlyoom) or someone's kill -9"
+)
 # Doubling the error backoff stops here, so a huge retry count cannot overflow a float.
 _MAX_BACKOFF_DOUBLINGS = 30
 
@@ -198,7 +205,8 @@ def classify(
        ``HOST_OOM`` or ``GPU_FAULT`` (lines matching :data:`LOOK_ALIKES`, source lines of a traceback and
        signatures quoted as data, e.g. in a printed config, do not count);
     7. SIGKILL (exit code 137, -9 or signal 9) -> ``HOST_OOM``: gpusched's own kills are
-       cancels, so this is most likely the kernel OOM killer;
+       cancels, so this is most likely the kernel OOM killer (the scheduler says otherwise,
+       :data:`SIGKILL_NOT_KERNEL`, where the kernel's count shows it killed nothing);
     8. otherwise ``ERROR``, the reason being the last exception line, else the last
        non-empty line, else the exit code or signal (at most ~200 characters).
 
@@ -223,7 +231,7 @@ def classify(
     if hit is not None:
         return _from_hit(lines, *hit)
     if _signal_of(exit) == _signal.SIGKILL:
-        return Classification(outcome=Outcome.HOST_OOM, reason=_SIGKILL_REASON)
+        return Classification(outcome=Outcome.HOST_OOM, reason=SIGKILL_REASON)
     return _error(lines, exit)
 
 

@@ -133,12 +133,15 @@ class Scheduler:
         disk_free: Callable[[str], disk.DiskFree] | None = None,
         assign: AssignFn | None = None,
         monotonic: Callable[[], float] | None = None,
+        oom_kills: memwatch.OomKills | None = None,
     ) -> None:
         """``process_trees``, ``host_memory``, ``disk_free`` (defaults: the real process
         table, psutil and ``statvfs``) and ``assign`` (default :func:`placement.assign`; see
         :data:`AssignFn`) are seams for the simulator and tests. ``monotonic`` (the daemon's:
         :func:`time.monotonic`, which stands still while the machine sleeps) lets a tick tell
-        the machine was away (see :meth:`_clock`); without it, ``now`` is the only clock."""
+        the machine was away (see :meth:`_clock`); without it, ``now`` is the only clock.
+        ``oom_kills`` (the daemon's reads the kernel's count) tells a SIGKILL the kernel's OOM
+        killer did not send; without it, every SIGKILL is taken for the kernel's."""
         self.store = store
         self.probe = probe
         self.executors = executors  # not a copy: the daemon's makes a backend on first use
@@ -171,6 +174,7 @@ class Scheduler:
         self.last_snapshot: list[GpuState] = []
         self._read: tuple[float, list[GpuState]] | None = None  # this tick's probe read: (now, it)
         self._monotonic = monotonic
+        self._oom_kills = oom_kills
         self._clocks: tuple[float, float] | None = None  # the last tick's (now, monotonic)
         self._away: list[tuple[float, float]] = []  # (back at, seconds away): suspends, clock steps
 
@@ -289,6 +293,12 @@ class Scheduler:
         result = outcome.classify(
             exit_rec, tail, cancel_requested=job.cancel_requested, stopped_for=stop[0] if stop else None
         )
+        if (
+            result.reason == outcome.SIGKILL_REASON
+            and self._oom_kills is not None
+            and self._oom_kills.none_since(a.launched_at, now)
+        ):
+            result = Classification(outcome=Outcome.HOST_OOM, reason=outcome.SIGKILL_NOT_KERNEL)
         card = _our_card(a)
         if card is not None and result.outcome in _A_LOST_CARD_EXPLAINS and self._card_lost(card, now):
             how = "stopped" if stop and stop[0] == lost_stop(card) else result.reason

@@ -488,6 +488,29 @@ def test_cancel_sigkills_a_job_that_ignores_sigterm_after_the_grace_period(
     assert "SIGKILL sent to its process group" in (gs_home / "daemon.log").read_text()
 
 
+def test_a_sigkill_from_outside_is_not_put_down_to_the_kernel_oom_killer(
+    gs_home: Path, project: Path
+) -> None:
+    """A job killed by SIGKILL while the kernel's count of OOM kills (/proc/vmstat) stood still
+    was not the kernel OOM killer's: the reason says so, and names who else sends one."""
+    from gpusched.memwatch import kernel_oom_kills
+    from gpusched.outcome import SIGKILL_NOT_KERNEL, SIGKILL_REASON
+
+    write_plan(project, "killed", "kill -9 $$", ["a"], tiers=[{"name": "A"}])
+    before = kernel_oom_kills()
+    submit_on_one_slot(project, "killed")
+    assert run_cli("wait", "--suite", "killed", "--timeout", "60", "--quiet", cwd=project).returncode == 1
+    after = kernel_oom_kills()
+    a = store(gs_home).attempts("killed/a")[-1]
+    assert (a.outcome, a.signal) == ("host_oom", 9)
+    if before is not None and before == after:  # the kernel killed nothing while the job ran
+        assert a.reason == SIGKILL_NOT_KERNEL
+    else:  # no count here, or the kernel killed something meanwhile: it may have been this job
+        assert a.reason in (SIGKILL_REASON, SIGKILL_NOT_KERNEL) and (
+            before is not None or a.reason == SIGKILL_REASON
+        )
+
+
 def _text(p: Path) -> str | None:
     try:
         return p.read_text().strip() or None

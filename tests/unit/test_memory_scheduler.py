@@ -14,8 +14,9 @@ from gpusched import memwatch
 from gpusched.executors.fake import FakeExecutor
 from gpusched.gpus.fake import FakeProbe, FakeUsage
 from gpusched.memory import RELEASE_S, HostMemory
-from gpusched.memwatch import MemoryWatch
+from gpusched.memwatch import MemoryWatch, OomKills
 from gpusched.model import GpuPlan, GpuProcess, JobSpec, Suite, Tier
+from gpusched.outcome import SIGKILL_NOT_KERNEL, SIGKILL_REASON
 from gpusched.scheduler import Scheduler, Settings
 from gpusched.store import Store
 from gpusched.views import format_status, memory_cell, status
@@ -49,7 +50,14 @@ def make_suite(tmp: Path, n: int, task: str = "qnli") -> Suite:
 class Box:
     """A machine: fake cards whose processes the test sets, our jobs' process trees, host RAM."""
 
-    def __init__(self, tmp: Path, plan: GpuPlan, cards: str = "2x24GiB", **settings: object) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        plan: GpuPlan,
+        cards: str = "2x24GiB",
+        oom_kills: OomKills | None = None,
+        **settings: object,
+    ) -> None:
         self.tmp, self.plan, self.now = tmp, plan, 1000.0
         self.procs: dict[int, list[GpuProcess]] = {}  # card -> processes on it
         self.trees: dict[str, frozenset[int]] = {}  # attempt token -> its pids
@@ -66,6 +74,7 @@ class Box:
             on_event=self.events.append,
             process_trees=self._trees,
             host_memory=lambda: self.host,
+            oom_kills=oom_kills,
         )
 
     def _usage(self) -> dict[int, FakeUsage]:
@@ -400,6 +409,42 @@ def test_a_host_oom_holds_launches_until_host_ram_recovers(tmp_path: Path) -> No
     assert box.tick(dt=5).launched == []  # recovered, but give the box a moment to settle
     assert len(box.tick(dt=60).launched) == 1
     assert box.status()["host"]["held_after_oom_of"] is None
+
+
+def test_a_sigkill_the_kernels_oom_killer_did_not_send_says_who_else_might_have(tmp_path: Path) -> None:
+    """A SIGKILL was always put down to the kernel's OOM killer. Where the kernel's count of OOM
+    kills did not move while the job ran, the reason names the senders it leaves (systemd-oomd,
+    earlyoom, a kill -9); it is still a host OOM (the job steps down and launches wait). Where
+    the count moved, or was not read before the job began, it stays the kernel's."""
+    count: list[int | None] = [5]
+    box = Box(
+        tmp_path,
+        GpuPlan(gpus=(0,), slots=(4,)),
+        cards="1x24GiB",
+        oom_kills=OomKills(lambda: count[0], since=1000.0),
+    )
+    box.submit(make_suite(tmp_path, 4))
+    assert len(box.tick().launched) == 4  # at 1001, after the count was first read
+
+    def kill(job_id: str) -> str:
+        box.ex.finish(box.ex.token_of(job_id), exit_code=137, output="Killed\n")
+        assert box.tick().reaped == [(job_id, "host_oom")]
+        return box.store.attempts(job_id)[0].reason or ""
+
+    assert kill("E1/0-qnli") == SIGKILL_NOT_KERNEL
+    assert box.store.job("E1/0-qnli").tier == 1  # type: ignore[union-attr]  # stepped down all the same
+    count[0] = 6  # the kernel killed something meanwhile
+    assert kill("E1/1-qnli") == SIGKILL_REASON
+    assert kill("E1/2-qnli") == SIGKILL_REASON  # began before the count was seen at 6: not known
+    count[0] = None  # /proc/vmstat gone
+    assert kill("E1/3-qnli") == SIGKILL_REASON
+
+
+def test_oom_kills_knows_nothing_without_the_count() -> None:
+    assert not OomKills(lambda: None, since=0.0).none_since(1.0, 2.0)
+    seen = OomKills(lambda: 7, since=10.0)
+    assert seen.none_since(10.0, 20.0) and not seen.none_since(9.0, 20.0)
+    assert memwatch.kernel_oom_kills() is None or memwatch.kernel_oom_kills() >= 0  # type: ignore[operator]
 
 
 def test_an_ended_jobs_processes_stay_ours_until_their_memory_is_released(tmp_path: Path) -> None:
