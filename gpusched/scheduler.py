@@ -296,6 +296,7 @@ class Scheduler:
         if (
             result.reason == outcome.SIGKILL_REASON
             and self._oom_kills is not None
+            and a.backend != "slurm"  # this machine's count says nothing of a cluster node's kills
             and self._oom_kills.none_since(a.launched_at, now)
         ):
             result = Classification(outcome=Outcome.HOST_OOM, reason=outcome.SIGKILL_NOT_KERNEL)

@@ -56,6 +56,7 @@ class Box:
         plan: GpuPlan,
         cards: str = "2x24GiB",
         oom_kills: OomKills | None = None,
+        backend: str = "fake",
         **settings: object,
     ) -> None:
         self.tmp, self.plan, self.now = tmp, plan, 1000.0
@@ -64,12 +65,13 @@ class Box:
         self.host = HostMemory(available_mib=200 * GIB, total_mib=256 * GIB)
         self.events: list[str] = []
         self.store = Store(tmp / "gs.db")
-        self.ex = FakeExecutor(name="fake")
+        self.backend = backend
+        self.ex = FakeExecutor(name=backend)
         self.probe = FakeProbe.from_spec(cards, usage=self._usage, clock=lambda: self.now)
         self.sched = Scheduler(
             self.store,
             self.probe,
-            {"fake": self.ex},
+            {backend: self.ex},
             settings=Settings(**settings),  # type: ignore[arg-type]
             on_event=self.events.append,
             process_trees=self._trees,
@@ -87,7 +89,8 @@ class Box:
         return {a.id: self.trees[a.token] for a in attempts if a.token in self.trees}
 
     def submit(self, suite: Suite) -> None:
-        self.store.submit(suite, self.plan, backend="fake", cwd=str(self.tmp), env_path=None, now=self.now)
+        cwd = str(self.tmp)
+        self.store.submit(suite, self.plan, backend=self.backend, cwd=cwd, env_path=None, now=self.now)
 
     def tick(self, dt: float = 1.0):  # type: ignore[no-untyped-def]
         self.now += dt
@@ -438,6 +441,16 @@ def test_a_sigkill_the_kernels_oom_killer_did_not_send_says_who_else_might_have(
     assert kill("E1/2-qnli") == SIGKILL_REASON  # began before the count was seen at 6: not known
     count[0] = None  # /proc/vmstat gone
     assert kill("E1/3-qnli") == SIGKILL_REASON
+
+
+def test_a_sigkill_on_a_cluster_node_is_not_judged_by_this_machines_count(tmp_path: Path) -> None:
+    kills = OomKills(lambda: 5, since=1000.0)
+    box = Box(tmp_path, GpuPlan(gpus=(0,), slots=(1,)), cards="1x24GiB", oom_kills=kills, backend="slurm")
+    box.submit(make_suite(tmp_path, 1))
+    box.tick()
+    box.ex.finish(box.ex.token_of("E1/0-qnli"), exit_code=137, output="Killed\n")
+    assert box.tick().reaped == [("E1/0-qnli", "host_oom")]
+    assert box.store.attempts("E1/0-qnli")[0].reason == SIGKILL_REASON
 
 
 def test_oom_kills_knows_nothing_without_the_count() -> None:
