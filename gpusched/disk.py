@@ -55,6 +55,7 @@ class DiskFree(Struct, frozen=True, kw_only=True):
     free_mib: int | None
     total_mib: int | None
     free_inodes: int | None  # None also where the filesystem does not count inodes (btrfs)
+    missing: bool = False  # the path itself is not there: the figures are its nearest parent's
 
 
 class DiskLimit(Struct, frozen=True, kw_only=True):
@@ -73,10 +74,10 @@ def disk_free(path: str) -> DiskFree:
         try:
             st = os.statvfs(probe)
             break
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             parent = os.path.dirname(probe)
             if parent == probe:
-                return DiskFree(path=path, free_mib=None, total_mib=None, free_inodes=None)
+                return DiskFree(path=path, free_mib=None, total_mib=None, free_inodes=None, missing=True)
             probe = parent
         except OSError:
             return DiskFree(path=path, free_mib=None, total_mib=None, free_inodes=None)
@@ -85,6 +86,7 @@ def disk_free(path: str) -> DiskFree:
         free_mib=(st.f_bavail * st.f_frsize) >> 20,
         total_mib=(st.f_blocks * st.f_frsize) >> 20,
         free_inodes=st.f_favail if st.f_files else None,
+        missing=probe != os.path.abspath(path),
     )
 
 

@@ -622,8 +622,9 @@ class Scheduler:
 
     def _launchable(self, queued: list[JobRow], now: float) -> list[JobRow]:
         """``queued`` less the jobs that wait for the machine: all of them while launches are
-        paused after a machine failure, a suite's while its logs or working directory's disk
-        is low (:mod:`gpusched.disk`). Records why they wait, for ``status``."""
+        paused after a machine failure, a suite's while its working directory is gone or its
+        logs or working directory's disk is low (:mod:`gpusched.disk`). Records why they
+        wait, for ``status``."""
         waits: dict[str, str] = {}
         if self._paused is not None and now < self._paused[0]:
             why = self._paused[1]
@@ -634,11 +635,8 @@ class Scheduler:
                 suite_row = self._suite(name)
                 if suite_row is None:
                     continue
-                for path in dict.fromkeys((suite_row.suite.logs_dir, suite_row.suite.workdir)):
-                    why_low = disk.disk_wait(self.disk_free(path), self.settings.disk_min)
-                    if why_low is not None:
-                        low[name] = why_low
-                        break
+                if disks := self._disks_wait(suite_row.suite):
+                    low[name] = disks
             waits = {j.id: low[j.suite] for j in queued if j.suite in low}
         self.store.set_waits(waits)  # the jobs' reasons first: status shows the flag with them
         flag = "; ".join(dict.fromkeys(waits.values())) or None
@@ -647,6 +645,21 @@ class Scheduler:
             self.on_event(f"launches wait: {flag}" if flag else "launches resume")
             self._launch_flag = flag
         return [j for j in queued if j.id not in waits] if waits else queued
+
+    def _disks_wait(self, suite: Suite) -> str | None:
+        """Why ``suite``'s launches wait for its folders, or None: its working directory gone
+        (a project folder moved or deleted, a network mount that dropped: every job would fail
+        at its ``cd``), or its logs' or working directory's disk low."""
+        frees = {path: self.disk_free(path) for path in (suite.logs_dir, suite.workdir)}
+        if frees[suite.workdir].missing:  # the logs' folder is made by the first launch
+            return (
+                f"the working directory {suite.workdir} of {suite.name} is gone (moved, deleted or"
+                " unmounted): its jobs wait for it"
+            )
+        for free in frees.values():
+            if (why := disk.disk_wait(free, self.settings.disk_min)) is not None:
+                return why
+        return None
 
     def _candidates(self, now: float) -> list[JobRow]:
         """The first ``candidates`` queued jobs that may start at ``now``, in the queue's order,

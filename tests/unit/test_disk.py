@@ -85,3 +85,6 @@ def test_statvfs_of_a_directory_not_made_yet_reads_its_nearest_parent(tmp_path: 
     assert later.path == str(tmp_path / "logs" / "E1")
     assert later.total_mib == here.total_mib and later.free_mib is not None
     assert abs(later.free_mib - here.free_mib) < 64  # the same filesystem, read a moment later
+    assert not here.missing and later.missing
+    (tmp_path / "file").write_text("")
+    assert disk.disk_free(str(tmp_path / "file" / "below")).missing  # a file where a folder was meant

@@ -433,6 +433,32 @@ def test_a_real_enospc_writing_the_attempt_directory_is_the_machine_s_fault(
     assert (Path(suite.logs_dir) / "0-task" / "2-A" / "config.yaml").is_file()
 
 
+def test_a_suite_whose_working_directory_is_gone_waits_for_it_instead_of_failing_every_job(
+    tmp_path: Path,
+) -> None:
+    """A project folder renamed, or a network mount that dropped, under a queued suite: each
+    job failed at once at its `cd`, and the queue burnt through in a minute. Its launches now
+    wait (status and the plan's notify say why), another suite's go on, and they start once
+    the folder is back."""
+    from gpusched.disk import LAUNCH_WAIT_FLAG
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    w = World(tmp_path, GpuPlan(gpus=(0, 1), slots=(1, 1)))
+    gone, other = make_suite(tmp_path / "a", n=2, name="E1"), make_suite(tmp_path / "b", n=1, name="E2")
+    w.submit(gone)
+    w.submit(other)
+    (tmp_path / "a").rename(tmp_path / "a-moved")
+    assert [j for j, _, _ in w.tick().launched] == ["E2/0-task"]
+    want = f"the working directory {tmp_path / 'a'} of E1 is gone (moved, deleted or unmounted)"
+    want += ": its jobs wait for it"
+    assert _job(w, "E1/0-task").wait_reason == want and _job(w, "E1/0-task").state is JobState.QUEUED
+    assert w.store.flag(LAUNCH_WAIT_FLAG) == want
+    (tmp_path / "a-moved").rename(tmp_path / "a")
+    assert [j for j, _, _ in w.tick().launched] == ["E1/0-task"]
+    assert w.store.flag(LAUNCH_WAIT_FLAG) is None
+
+
 def test_launches_wait_while_a_suite_s_disk_is_low_and_status_says_which(tmp_path: Path) -> None:
     from gpusched.disk import LAUNCH_WAIT_FLAG, DiskFree
 
