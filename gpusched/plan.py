@@ -23,6 +23,7 @@ from msgspec import field
 
 from gpusched import matrix, tiers
 from gpusched import yamlfields as yf
+from gpusched.command import missing_script
 from gpusched.errors import did_you_mean
 from gpusched.model import BatchKeys, BatchRule, JobSpec, Limits, ResumeSpec, RetryPolicy, Suite, Tier
 
@@ -116,7 +117,7 @@ def load_suite(ref: str, *, cwd: Path, name: str | None = None) -> Suite:
         plan_path=str(path),
         workdir=str(workdir),
         logs_dir=str(cwd / "logs" / suite_name),
-        command=_command(w.at("command"), raw.get("command")),
+        command=_command(w.at("command"), raw.get("command"), workdir),
         base_config=base_path,
         base_config_data=base_data,
         config=yf.config(w.at("config"), raw.get("config")),
@@ -177,7 +178,7 @@ def _base_config(w: yf.Where, value: Any, workdir: Path, cwd: Path) -> tuple[str
     return str(path), dict(data)
 
 
-def _command(w: yf.Where, value: Any) -> str:
+def _command(w: yf.Where, value: Any, workdir: Path) -> str:
     example = "command: python train.py --config {config}"
     if value is None:
         raise w.error("missing: every plan needs the command that starts one job", example)
@@ -196,7 +197,23 @@ def _command(w: yf.Where, value: Any) -> str:
         )
     if said := _shell_syntax_error(text.format_map(dict.fromkeys(COMMAND_FIELDS, "x"))):
         raise w.error(f"the shell cannot parse it ({said})", "check its quotes, brackets and if/fi")
+    if (script := missing_script(text, str(workdir))) is not None:  # every job would fail at once
+        where = "" if os.path.isabs(script) else f" in {workdir} (the workdir)"
+        raise w.error(
+            f"runs {script}, which is not a file{where}{_near(script, workdir)}",
+            "fix the path, or the workdir it is relative to",
+        )
     return text
+
+
+def _near(script: str, workdir: Path) -> str:
+    """`` (did you mean 'launchers/train.py'?)`` for a file beside where ``script`` was looked for."""
+    folder = os.path.dirname(script)
+    try:
+        names = os.listdir(workdir / folder)
+    except OSError:
+        return ""
+    return did_you_mean(script, [os.path.join(folder, n) for n in names])
 
 
 def _shell_syntax_error(command: str) -> str | None:

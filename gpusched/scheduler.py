@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 import uuid
 from collections import Counter
@@ -21,6 +22,7 @@ from msgspec.structs import replace
 
 from gpusched import disk, memory, memwatch, outcome, placement, predict
 from gpusched.attempt import AttemptPaths, materialize
+from gpusched.command import script_of
 from gpusched.errors import GpuschedError
 from gpusched.executors import Executor, Handle, LaunchRequest, launch_many
 from gpusched.gpus import Probe
@@ -175,6 +177,7 @@ class Scheduler:
         self._read: tuple[float, list[GpuState]] | None = None  # this tick's probe read: (now, it)
         self._monotonic = monotonic
         self._oom_kills = oom_kills
+        self._scripts: dict[str, str | None] = {}  # a suite's command -> the script it runs
         self._clocks: tuple[float, float] | None = None  # the last tick's (now, monotonic)
         self._away: list[tuple[float, float]] = []  # (back at, seconds away): suspends, clock steps
 
@@ -647,19 +650,33 @@ class Scheduler:
         return [j for j in queued if j.id not in waits] if waits else queued
 
     def _disks_wait(self, suite: Suite) -> str | None:
-        """Why ``suite``'s launches wait for its folders, or None: its working directory gone
-        (a project folder moved or deleted, a network mount that dropped: every job would fail
-        at its ``cd``), or its logs' or working directory's disk low."""
+        """Why ``suite``'s launches wait for its files, or None: its working directory gone (a
+        project folder moved or deleted, a network mount that dropped: every job would fail at
+        its ``cd``), the script its command runs gone (a ``git checkout`` at 1 a.m.: every job
+        would fail at its start), or its logs' or working directory's disk low. One
+        ``statvfs`` each, which says whether the path is there as well as the room."""
         frees = {path: self.disk_free(path) for path in (suite.logs_dir, suite.workdir)}
         if frees[suite.workdir].missing:  # the logs' folder is made by the first launch
             return (
                 f"the working directory {suite.workdir} of {suite.name} is gone (moved, deleted or"
                 " unmounted): its jobs wait for it"
             )
+        script = self._script(suite)
+        if script is not None and self.disk_free(os.path.join(suite.workdir, script)).missing:
+            return (
+                f"the script {script} of {suite.name} is gone from {suite.workdir} (a checkout, a"
+                " rename?): its jobs wait for it"
+            )
         for free in frees.values():
             if (why := disk.disk_wait(free, self.settings.disk_min)) is not None:
                 return why
         return None
+
+    def _script(self, suite: Suite) -> str | None:
+        """The script ``suite``'s command runs (:func:`gpusched.command.script_of`), read once."""
+        if suite.command not in self._scripts:
+            self._scripts[suite.command] = script_of(suite.command)
+        return self._scripts[suite.command]
 
     def _candidates(self, now: float) -> list[JobRow]:
         """The first ``candidates`` queued jobs that may start at ``now``, in the queue's order,

@@ -644,6 +644,7 @@ BAD = [
     ({"jobs": [{"name": "ok"}]}, ["--gpu-plan", "²"], "--gpu-plan"),
     ({"jobs": [{"name": "ok"}]}, ["--gpu-plan", "1;rm -rf x"], "--gpu-plan"),
     ({"jobs": [{"name": "ok"}]}, ["--only", "nope*"], "--only"),
+    ({"jobs": [{"name": "ok"}], "command": "python y.py --config {config}"}, [], "runs y.py, which is not"),
 ]
 
 
@@ -652,6 +653,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_enqueued(
     gs_home: Path, project: Path, doc: dict[str, Any], flags: list[str], needle: str
 ) -> None:
     full = {"command": "python x.py --config {config}", **doc}
+    (project / "x.py").touch()
     (project / "plans" / "bad.yaml").write_text(yaml.safe_dump(full, allow_unicode=True))
     args = ["submit", "--suite", "bad", "--backend", "subprocess", *flags]
     if "--gpu-plan" not in flags:

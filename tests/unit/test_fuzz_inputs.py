@@ -224,6 +224,7 @@ def test_a_huge_matrix_is_refused_quickly(scratch: Path) -> None:
 def _write(tmp: Path, doc: Any) -> Path:
     (tmp / "plans").mkdir(exist_ok=True)
     (tmp / "plans" / "fz.yaml").write_text(yaml.safe_dump(doc))
+    (tmp / "train.py").touch()  # the script GOOD's command runs
     return tmp
 
 

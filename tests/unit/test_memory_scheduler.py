@@ -35,6 +35,7 @@ def oom_tail(held_gib: float) -> str:
 
 
 def make_suite(tmp: Path, n: int, task: str = "qnli") -> Suite:
+    (tmp / "train.py").touch()  # the script its command runs: launches wait while it is missing
     return Suite(
         name="E1",
         plan_path=str(tmp / "E1.yaml"),
@@ -574,6 +575,7 @@ def test_status_renders_memory_outsiders_and_host_waits(tmp_path: Path) -> None:
 
 
 def _one_job_suite(tmp: Path, name: str, task: str) -> Suite:
+    (tmp / "train.py").touch()  # the script its command runs: launches wait while it is missing
     return Suite(
         name=name,
         plan_path=str(tmp / f"{name}.yaml"),

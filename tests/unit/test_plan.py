@@ -29,6 +29,7 @@ def write(root: Path, body: str, name: str = "s", suffix: str = ".yaml") -> Path
     path = root / "plans" / f"{name}{suffix}"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(textwrap.dedent(body))
+    (root / "train.py").touch()  # the script the plans' commands run (submit checks it is there)
     return path
 
 
@@ -122,6 +123,7 @@ def test_plan_found_by_yml_suffix_and_by_path(tmp_path: Path) -> None:
 
 def test_workdir_is_relative_to_the_plan_file(tmp_path: Path) -> None:
     (tmp_path / "plans" / "sub").mkdir(parents=True)
+    (tmp_path / "plans" / "sub" / "train.py").touch()
     suite = load(tmp_path, MINIMAL + "workdir: sub\n")
     assert suite.workdir == str(tmp_path / "plans" / "sub")
     load_error(tmp_path, MINIMAL + "workdir: nowhere\n", "plans/s.yaml: workdir:", "not a directory")
@@ -278,7 +280,7 @@ def test_matrix_expansion_order_names_and_typed_templates(tmp_path: Path) -> Non
     suite = load(
         tmp_path,
         """
-        command: python t.py --config {config}
+        command: python train.py --config {config}
         matrix:
           seed: [87, 88, 89]
           task: [glue-tvt_qnli, glue-tvt_sst2]

@@ -28,6 +28,7 @@ OOM_TAIL = (
 
 
 def make_suite(tmp: Path, n: int = 4, name: str = "E1") -> Suite:
+    (tmp / "train.py").touch()  # the script its command runs: launches wait while it is missing
     return Suite(
         name=name,
         plan_path=str(tmp / "plans" / f"{name}.yaml"),
@@ -457,6 +458,24 @@ def test_a_suite_whose_working_directory_is_gone_waits_for_it_instead_of_failing
     (tmp_path / "a-moved").rename(tmp_path / "a")
     assert [j for j, _, _ in w.tick().launched] == ["E1/0-task"]
     assert w.store.flag(LAUNCH_WAIT_FLAG) is None
+
+
+def test_a_suite_whose_script_a_checkout_took_away_waits_for_it(tmp_path: Path) -> None:
+    """`git checkout` of a branch without the training script, at 1 a.m.: every job left would
+    fail at its start. They wait queued instead, and start once the script is back."""
+    from gpusched.disk import LAUNCH_WAIT_FLAG
+
+    w = World(tmp_path, GpuPlan(gpus=(0,), slots=(1,)))
+    w.submit(make_suite(tmp_path, n=2))
+    assert [j for j, _, _ in w.tick().launched] == ["E1/0-task"]
+    (tmp_path / "train.py").rename(tmp_path / "train.py.orig")
+    w.ex.finish(w.ex.token_of("E1/0-task"), exit_code=0)
+    tick = w.tick()
+    assert tick.reaped == [("E1/0-task", "ok")] and tick.launched == []
+    want = f"the script train.py of E1 is gone from {tmp_path} (a checkout, a rename?): its jobs wait for it"
+    assert _job(w, "E1/1-task").wait_reason == want and w.store.flag(LAUNCH_WAIT_FLAG) == want
+    (tmp_path / "train.py.orig").rename(tmp_path / "train.py")
+    assert [j for j, _, _ in w.tick().launched] == ["E1/1-task"]
 
 
 def test_launches_wait_while_a_suite_s_disk_is_low_and_status_says_which(tmp_path: Path) -> None:
