@@ -44,6 +44,7 @@ def fill(
     from gpusched.store import NewAttempt, Store
 
     sb.write_plan(name, n, command="python train.py --config {config}")
+    (sb.project / "train.py").touch()  # the script the command runs, which submit looks for
     suite = plan.load_suite(name, cwd=sb.project)
     sb.home.mkdir(parents=True, exist_ok=True)
     store = Store(sb.db)

@@ -61,6 +61,7 @@ def ticks(queued: int, n: int, candidates: int, ends: int = 1) -> list[float]:
         )
         tiers = (Tier(name="A"), Tier(name="B"), Tier(name="C"), Tier(name="D", exclusive=True))
         jobs = tuple(JobSpec(suite="E1", name=f"{i}-qnli", task="qnli") for i in range(queued))
+        Path(tmp, "train.py").touch()  # the script the command runs: launches wait while it is missing
         suite = Suite(
             name="E1",
             plan_path=f"{tmp}/E1.yaml",

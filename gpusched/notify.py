@@ -45,7 +45,7 @@ SAVE_EVERY_S = 60.0
 #: workdir ($2), exports the notice ($3-$6) and runs the command ($7).
 SCRIPT = (
     '[ -r "$1" ] && . "$1"\n'
-    'cd "$2" || exit 1\n'
+    'cd "$2" 2>/dev/null || cd "${HOME:-/}" || cd /\n'  # its workdir gone: the notice still goes
     'export GPUSCHED_EVENT="$3" GPUSCHED_SUITE="$4" GPUSCHED_JOB_ID="$5" GPUSCHED_MESSAGE="$6"\n'
     'eval "$7"\n'
 )

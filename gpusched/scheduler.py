@@ -655,7 +655,7 @@ class Scheduler:
         its ``cd``), the script its command runs gone (a ``git checkout`` at 1 a.m.: every job
         would fail at its start), or its logs' or working directory's disk low. One
         ``statvfs`` each, which says whether the path is there as well as the room."""
-        frees = {path: self.disk_free(path) for path in (suite.logs_dir, suite.workdir)}
+        frees = {path: self.disk_free(path) for path in dict.fromkeys((suite.logs_dir, suite.workdir))}
         if frees[suite.workdir].missing:  # the logs' folder is made by the first launch
             return (
                 f"the working directory {suite.workdir} of {suite.name} is gone (moved, deleted or"

@@ -91,6 +91,26 @@ def test_the_command_gets_the_notice_in_variables_in_the_workdir(tmp_path: Path)
     retry_until(lambda: notifier.check() == [] and not notifier.children)  # ended, and reaped: no zombie
 
 
+def test_a_suite_whose_working_directory_is_gone_is_still_told_so(tmp_path: Path, monkeypatch: Any) -> None:
+    """Its jobs wait for the folder, and that is the news: the command runs in the home
+    directory instead of not at all (it exited at its `cd`)."""
+    work = tmp_path / "proj"
+    work.mkdir()
+    told = tmp_path / "told.txt"
+    box = night(work, command=f'printf "%s\\n" "$GPUSCHED_MESSAGE" "$(pwd)" > {told}', n=5)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "home").mkdir()
+    notifier = notify.Notifier(box.store, Home(tmp_path / "home"), spawn=proc.spawn)
+    box.tick()
+    work.rename(tmp_path / "proj-moved")
+    box.tick()
+    assert [n.event for n in notifier.check()] == ["waiting"]
+    lines = retry_until(lambda: told.exists() and told.read_text().splitlines())
+    assert lines[0].startswith(f"launches wait: the working directory {work} of E1 is gone")
+    assert lines[1] == str(tmp_path)
+    retry_until(lambda: notifier.check() == [] and not notifier.children)
+
+
 def test_a_card_out_of_service_under_a_job_is_told_and_one_with_no_job_is_not() -> None:
     events = [
         (7, "E1/3-rte", "gpu_out", "GPU 3 out of service: uncorrectable ECC error encountered"),
