@@ -109,6 +109,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
             return 0
         a = _next_attempt(store, job.id, after=a.n)
         lines = 0  # a later attempt is shown from its start
+    if args.follow and (end := store.job(job.id)) is not None:  # followed to its end: say which
+        why = f": {end.reason}" if end.reason else ""
+        print(f"==> {end.id} {end.state.value}{why} <==", file=sys.stderr)
     return 0
 
 

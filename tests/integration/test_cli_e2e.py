@@ -239,6 +239,34 @@ def test_logs_follow_waits_for_a_queued_job_and_follows_it_through_its_requeues(
         "==> attempt 3 ended",
     ]
     assert "attempt 3 ended: ok" in err and out.count("CUDA out of memory") == 2 and "done: steps=6" in out
+    assert said[-1].startswith("==> fo/big succeeded")  # the job's end, after its last attempt's
+
+
+def test_logs_follow_of_a_job_cancelled_before_it_started_says_so(gs_home: Path, project: Path) -> None:
+    write_plan(project, "fc", PLAN)
+    run_cli("drain", cwd=project, check=True)
+    run_cli(
+        "submit", "--suite", "fc", "--only", "big", "--gpu-plan", "1", "--backend", "subprocess",
+        cwd=project, env=FAKE, check=True,
+    )  # fmt: skip
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "gpusched", "logs", "-f", "fc/big"],
+        cwd=project,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert follow.stderr is not None
+        assert follow.stderr.readline() == "==> fc/big is queued: waiting for its first attempt <==\n"
+        run_cli("cancel", "fc/big", cwd=project, check=True)
+        out, err = follow.communicate(timeout=60)
+    finally:
+        follow.kill()
+        run_cli("drain", "--off", cwd=project)
+    assert follow.returncode == 0 and out == ""
+    assert err.startswith("==> fc/big cancelled"), err  # not a silent return, as if the log were empty
 
 
 def test_cancel_a_running_job_and_a_queued_one(gs_home: Path, project: Path) -> None:
