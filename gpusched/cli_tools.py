@@ -301,7 +301,11 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     if args.action == "start":
         refuse_another_probe(daemon.info(home), probe, probe_source(args.fake_gpus, args.probe))
         if home.db.exists():  # the daemon would refuse: say it here, in one line
-            daemon.check_jobs_elsewhere(home, _store(readonly=True))
+            store = _store(readonly=True)
+            try:
+                daemon.check_jobs_elsewhere(home, store)
+            finally:
+                store.close()
         info = daemon.start(home, probe=probe)
         print(f"daemon running (pid {info.get('pid')}, probe {info.get('probe')})")
         return 0
