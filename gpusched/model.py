@@ -76,6 +76,7 @@ class Outcome(enum.StrEnum):
     LOST = "lost"  # vanished with no exit record
     TIMEOUT = "timeout"  # stopped by gpusched for running past a suite limit (time, silence)
     GPU_FAULT = "gpu_fault"  # the card failed under the job (ECC, fell off the bus): not the job's fault
+    DISK_FULL = "disk_full"  # a write failed for want of room (ENOSPC, a quota): the machine's, not the job's
 
 
 class StepKind(enum.StrEnum):

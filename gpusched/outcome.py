@@ -37,7 +37,10 @@ from gpusched.model import (
 
 __all__ = [
     "CONTENTION_SHARE",
+    "DISK_FULL_WAIT_S",
     "LOOK_ALIKES",
+    "SIGKILL_NOT_KERNEL",
+    "SIGKILL_REASON",
     "SIGNATURES",
     "LookAlike",
     "Signature",
@@ -60,6 +63,9 @@ SIGKILL_NOT_KERNEL = (
     "killed by SIGKILL, not by the kernel's OOM killer (it killed nothing while the job ran):"
     " a userspace OOM killer (systemd-oomd, earlyoom) or someone's kill -9"
 )
+#: After a write failed for want of room (``DISK_FULL``), the job waits this long before it runs
+#: again, doubling with each such failure of the job.
+DISK_FULL_WAIT_S = 300.0
 # Doubling the error backoff stops here, so a huge retry count cannot overflow a float.
 _MAX_BACKOFF_DOUBLINGS = 30
 
@@ -102,7 +108,7 @@ def _sig(text: str, outcome: Outcome, label: str, source: str, pattern: str | No
     return Signature(text=text, outcome=outcome, label=label, source=source, pattern=compiled)
 
 
-_OOM, _HOST, _GPU = Outcome.OOM, Outcome.HOST_OOM, Outcome.GPU_FAULT
+_OOM, _HOST, _GPU, _DISK = Outcome.OOM, Outcome.HOST_OOM, Outcome.GPU_FAULT, Outcome.DISK_FULL
 
 #: Every message that proves an out-of-memory death, most specific first: the first entry
 #: that matches a line names it. GPU entries come from PyTorch's allocators and CUDA/ROCm
@@ -163,6 +169,14 @@ SIGNATURES: tuple[Signature, ...] = (
     _sig("no CUDA-capable device is detected", _GPU, "the GPU given to the job is gone",
          "CUDA runtime (cudaErrorNoDevice): the card gpusched gave by UUID is not there"),
     _sig("GPU is lost", _GPU, "the GPU is lost (the driver says: reboot to recover it)", "NVML / nvidia-smi"),
+    # A night's checkpoints fill the disk: the save fails, and the job would run on after some room is made.
+    _sig("No space left on device", _DISK, "the disk filled up (No space left on device)",
+         "the kernel (ENOSPC), in Python's OSError and safetensors' IoError"),
+    _sig("Disk quota exceeded", _DISK, "the disk quota is used up (Disk quota exceeded)",
+         "the kernel (EDQUOT)"),
+    _sig("PytorchStreamWriter failed writing file", _DISK,
+         "a checkpoint could not be written (torch.save: file write failed; the disk is likely full)",
+         "torch.save's zip writer, which does not pass on the kernel's ENOSPC"),
 )
 # fmt: on
 
@@ -295,7 +309,11 @@ def _quoted_as_data(text: str, start: int, end: int) -> bool:
     """True when the match lies inside a quoted string that is data, e.g. a printed config
     (``{'retry_on': ['CUDA out of memory.']}``), rather than an exception's repr
     (``OutOfMemoryError('CUDA out of memory. ...')``) or an exception line logged as a
-    string (``{"msg": "RuntimeError: CUDA out of memory. ..."}``)."""
+    string (``{"msg": "RuntimeError: CUDA out of memory. ..."}``), or a message quoted in the
+    line of an exception (safetensors' ``SafetensorError: ... IoError(Os { code: 28, ...,
+    message: "No space left on device" })``)."""
+    if _EXCEPTION_LINE.match(text):
+        return False
     for lit in _STRING_LITERAL.finditer(text):
         if lit.start(2) <= start and end <= lit.end(2):
             is_error = _EXCEPTION_REPR.search(text[: lit.start()]) or _EXCEPTION_LINE.match(lit.group(2))
@@ -543,6 +561,12 @@ def next_step(
     * ``GPU_FAULT`` -> the same tier with ``avoid_gpu=gpu``, until ``faults_so_far >= max_lost``
       (earlier attempts that ended ``GPU_FAULT``): then ``FAIL``, since a job that breaks
       every card it is given is more likely the cause than the cards.
+    * ``DISK_FULL`` -> the same tier (resuming where the suite says how) with ``not_before =
+      now + DISK_FULL_WAIT_S * 2**disk_fulls_so_far``, not counted against the job's errors,
+      until ``disk_fulls_so_far >= max_lost`` (earlier attempts that ended ``DISK_FULL``):
+      then ``FAIL``. The wait gives whoever frees the disk (a cleanup job, a person woken by
+      the suite's ``notify:``) time, and the launch-time disk check holds the job while the
+      disk of its logs or working directory is still low.
 
     Never raises. When ``tier`` does not index ``tiers`` (the suite is gone, or its plan
     lost tiers), an outcome that would requeue gives ``FAIL`` with a reason that says so.
@@ -568,6 +592,8 @@ def next_step(
             return _after_lost(tier, tiers, lost_so_far, max_lost)
         case Outcome.GPU_FAULT:
             return _after_gpu_fault(c, tier, tiers, gpu, faults_so_far, max_lost)
+        case Outcome.DISK_FULL:
+            return _after_disk_full(c, tier, tiers, faults_so_far, max_lost, now)
         case _:
             return _after_error(c, tier, errors_so_far, retry, now)
 
@@ -627,6 +653,20 @@ def _after_lost(tier: int, tiers: Sequence[Tier], lost_so_far: int, max_lost: in
         )
     reason = f"lost (no exit record) → requeued at tier {tiers[tier].name} ({lost_so_far + 1} of {max_lost})"
     return Step(kind=StepKind.REQUEUE, tier=tier, reason=reason)
+
+
+def _after_disk_full(
+    c: Classification, tier: int, tiers: Sequence[Tier], fulls_so_far: int, max_fulls: int, now: float
+) -> Step:
+    if fulls_so_far >= max_fulls:
+        reason = f"{c.reason}; the disk was full under {fulls_so_far + 1} of its attempts, gave up"
+        return Step(kind=StepKind.FAIL, tier=tier, reason=_clip(reason, _REASON_MAX))
+    delay_s = DISK_FULL_WAIT_S * 2 ** min(max(fulls_so_far, 0), _MAX_BACKOFF_DOUBLINGS)
+    reason = (
+        f"{c.reason} → requeued at tier {tiers[tier].name} in {delay_s:.0f} s"
+        f" ({fulls_so_far + 1} of {max_fulls}; not counted against the job)"
+    )
+    return Step(kind=StepKind.REQUEUE, tier=tier, reason=_clip(reason, _REASON_MAX), not_before=now + delay_s)
 
 
 def _after_gpu_fault(

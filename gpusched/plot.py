@@ -25,6 +25,7 @@ COLORS = {
     "error": "#fb8c00",
     "timeout": "#6d4c41",
     "gpu_fault": "#000000",
+    "disk_full": "#00897b",
     "lost": "#757575",
     "cancelled": "#b0bec5",
     "running": "#1e88e5",

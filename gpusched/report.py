@@ -11,7 +11,7 @@ Definitions a caller may rely on (the README repeats them):
   ``ended_at``; one still running counts up to ``now``. Each attempt holds one GPU.
 * *wall time*: from the suite's first attempt start to its last attempt end.
 * *GPU-hours used*: the sum of attempt runtimes. *GPU-hours lost*: the runtime of attempts
-  whose outcome is not ``ok`` (``oom``, ``host_oom``, ``error``, ``timeout``, ``gpu_fault``,
+  whose outcome is not ``ok`` (``oom``, ``host_oom``, ``error``, ``timeout``, ``gpu_fault``, ``disk_full``,
   ``lost``, ``cancelled``) and whose work was not resumed, i.e. the job's next attempt did not start
   from a checkpoint.
   (Steps after the last checkpoint of a resumed attempt are lost too, but cannot be seen,
@@ -37,7 +37,9 @@ from msgspec import Struct
 from msgspec.structs import replace
 
 #: Outcomes reported for attempts, in display order (``running``: not ended yet).
-OUTCOMES = ("ok", "oom", "host_oom", "error", "timeout", "gpu_fault", "lost", "cancelled", "running")
+OUTCOMES = (
+    "ok", "oom", "host_oom", "error", "timeout", "gpu_fault", "disk_full", "lost", "cancelled", "running"
+)  # fmt: skip
 #: Columns of :func:`attempt_records` (CSV header, JSON keys), in order.
 COLUMNS = (
     "job",

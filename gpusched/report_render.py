@@ -22,6 +22,7 @@ OUTCOME_STYLE = {
     "error": "red",
     "timeout": "red",
     "gpu_fault": "bold magenta",
+    "disk_full": "bold yellow",
     "lost": "yellow",
     "cancelled": "dim",
     "running": "cyan",

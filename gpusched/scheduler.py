@@ -363,8 +363,11 @@ class Scheduler:
     ) -> Step:
         suite = self._suite(job.suite)
         tiers = suite.suite.tiers if suite else ()
+        # the job's earlier attempts that the machine failed the same way (a card, a full disk)
         faults = (
-            self.store.count_outcomes(job.id, Outcome.GPU_FAULT) if result.outcome is Outcome.GPU_FAULT else 0
+            self.store.count_outcomes(job.id, result.outcome)
+            if result.outcome in (Outcome.GPU_FAULT, Outcome.DISK_FULL)
+            else 0
         )
         return outcome.next_step(
             result,

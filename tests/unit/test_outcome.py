@@ -19,7 +19,16 @@ from gpusched.model import (
     StepKind,
     Tier,
 )
-from gpusched.outcome import LOOK_ALIKES, SIGNATURES, LookAlike, Signature, classify, next_step, oom_processes
+from gpusched.outcome import (
+    DISK_FULL_WAIT_S,
+    LOOK_ALIKES,
+    SIGNATURES,
+    LookAlike,
+    Signature,
+    classify,
+    next_step,
+    oom_processes,
+)
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
 
@@ -242,6 +251,15 @@ SIGNATURE_LINES: dict[str, str] = {
         "Unable to determine the device handle for GPU0000:3B:00.0: GPU is lost.  Reboot the system "
         "to recover this GPU"
     ),
+    "No space left on device": (
+        "safetensors_rust.SafetensorError: Error while serializing: IoError(Os { code: 28, kind: "
+        'StorageFull, message: "No space left on device" })'
+    ),
+    "Disk quota exceeded": "OSError: [Errno 122] Disk quota exceeded: 'outputs/E1/qnli/seed87/optimizer.pt'",
+    "PytorchStreamWriter failed writing file": (
+        "RuntimeError: [enforce fail at inline_container.cc:603] . PytorchStreamWriter failed writing file "
+        "data/12: file write failed"
+    ),
 }
 
 
@@ -458,6 +476,26 @@ def step(
         max_lost=max_lost,
         arrival=arrival,
     )
+
+
+def test_a_full_disk_waits_and_runs_again_at_its_tier_three_times_then_fails() -> None:
+    """The machine's fault, not the job's: not a retry the suite spends, the same tier (its
+    checkpoint resumed), after a wait that doubles, so that whoever frees the disk has time."""
+    c = run(
+        "step 900\nOSError: [Errno 28] No space left on device: 'outputs/E1/qnli/seed87/checkpoint-900'\n"
+    )
+    assert (c.outcome, c.reason) == (Outcome.DISK_FULL, "the disk filled up (No space left on device)")
+    waits = []
+    for fulls in range(3):
+        s = next_step(c, tier=1, tiers=LADDER, gpu=3, errors_so_far=0, lost_so_far=0,
+                      retry=RetryPolicy(), now=1000.0, faults_so_far=fulls)  # fmt: skip
+        assert (s.kind, s.tier, s.avoid_gpu) == (StepKind.REQUEUE, 1, None)
+        assert f"({fulls + 1} of 3; not counted against the job)" in s.reason
+        waits.append((s.not_before or 0) - 1000.0)
+    assert waits == [DISK_FULL_WAIT_S, 2 * DISK_FULL_WAIT_S, 4 * DISK_FULL_WAIT_S]
+    s = next_step(c, tier=1, tiers=LADDER, gpu=3, errors_so_far=0, lost_so_far=0,
+                  retry=RetryPolicy(), now=1000.0, faults_so_far=3)  # fmt: skip
+    assert s.kind is StepKind.FAIL and s.reason.endswith("the disk was full under 4 of its attempts, gave up")
 
 
 def test_ok_is_done() -> None:

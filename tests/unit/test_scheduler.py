@@ -460,6 +460,26 @@ def test_a_suite_whose_working_directory_is_gone_waits_for_it_instead_of_failing
     assert w.store.flag(LAUNCH_WAIT_FLAG) is None
 
 
+def test_a_job_whose_checkpoint_found_the_disk_full_waits_and_runs_again_at_its_tier(tmp_path: Path) -> None:
+    """A night's checkpoints fill the disk at 3 a.m.: each running job dies at its next save.
+    They failed for good (an error); now each waits five minutes, doubling, and runs again at
+    its tier (resuming), not charged with an error; the queue's other jobs are not held."""
+    w = World(tmp_path, GpuPlan(gpus=(0,), slots=(1,)))
+    w.submit(make_suite(tmp_path, n=2))
+    w.tick()
+    save = "Traceback (most recent call last):\nOSError: [Errno 28] No space left on device\n"
+    w.ex.finish(w.ex.token_of("E1/0-task"), exit_code=1, output=save)
+    tick = w.tick()
+    assert tick.reaped == [("E1/0-task", "disk_full")] and [j for j, _, _ in tick.launched] == ["E1/1-task"]
+    job = _job(w, "E1/0-task")
+    assert (job.state, job.tier, job.errors, job.not_before) == (JobState.QUEUED, 0, 0, w.now + 300)
+    w.ex.finish(w.ex.token_of("E1/1-task"), exit_code=0)
+    w.tick()
+    assert w.tick().launched == []  # its wait is not over
+    w.now += 300
+    assert [j for j, _, _ in w.tick().launched] == ["E1/0-task"]
+
+
 def test_a_suite_whose_script_a_checkout_took_away_waits_for_it(tmp_path: Path) -> None:
     """`git checkout` of a branch without the training script, at 1 a.m.: every job left would
     fail at its start. They wait queued instead, and start once the script is back."""
