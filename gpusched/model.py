@@ -77,6 +77,7 @@ class Outcome(enum.StrEnum):
     TIMEOUT = "timeout"  # stopped by gpusched for running past a suite limit (time, silence)
     GPU_FAULT = "gpu_fault"  # the card failed under the job (ECC, fell off the bus): not the job's fault
     DISK_FULL = "disk_full"  # a write failed for want of room (ENOSPC, a quota): the machine's, not the job's
+    NETWORK = "network"  # its last exception was a connection that failed (a hub's 503, DNS): it passes
 
 
 class StepKind(enum.StrEnum):

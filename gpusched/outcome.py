@@ -37,8 +37,8 @@ from gpusched.model import (
 
 __all__ = [
     "CONTENTION_SHARE",
-    "DISK_FULL_WAIT_S",
     "LOOK_ALIKES",
+    "MACHINE_WAIT_S",
     "SIGKILL_NOT_KERNEL",
     "SIGKILL_REASON",
     "SIGNATURES",
@@ -63,9 +63,9 @@ SIGKILL_NOT_KERNEL = (
     "killed by SIGKILL, not by the kernel's OOM killer (it killed nothing while the job ran):"
     " a userspace OOM killer (systemd-oomd, earlyoom) or someone's kill -9"
 )
-#: After a write failed for want of room (``DISK_FULL``), the job waits this long before it runs
-#: again, doubling with each such failure of the job.
-DISK_FULL_WAIT_S = 300.0
+#: After a write failed for want of room (``DISK_FULL``) or a connection failed (``NETWORK``), the
+#: job waits this long before it runs again, doubling with each such failure of the job.
+MACHINE_WAIT_S = 300.0
 # Doubling the error backoff stops here, so a huge retry count cannot overflow a float.
 _MAX_BACKOFF_DOUBLINGS = 30
 
@@ -441,10 +441,26 @@ _WRAPPER_EXCEPTIONS = ("ChildFailedError", "CalledProcessError")
 def _error(lines: list[_Line], exit: ExitRecord) -> Classification:
     line = _summary_line(lines)
     if line is not None:
-        return Classification(
-            outcome=Outcome.ERROR, reason=_clip(line.text, _REASON_MAX), line=_clip(line.raw, _LINE_MAX)
-        )
+        kind = Outcome.NETWORK if _NETWORK.search(line.text) else Outcome.ERROR
+        reason, shown = _clip(line.text, _REASON_MAX), _clip(line.raw, _LINE_MAX)
+        return Classification(outcome=kind, reason=reason, line=shown)
     return Classification(outcome=Outcome.ERROR, reason=_exit_words(exit))
+
+
+#: A job's *last* exception that says a connection failed in passing: a model hub's 5xx or
+#: 429, a name that did not resolve, a reset, a timeout, transformers' "We couldn't connect".
+#: Only the summary line (the exception the job died of) is read, never a warning above it,
+#: and not what stays wrong on a retry: 401/404, a connection refused (a local service not
+#: started), a broken pipe (a reader that went away).
+_NETWORK = re.compile(
+    r"^(?:[\w.]+\.)?(?:ConnectionError|ConnectionResetError|ConnectionAbortedError|ReadTimeout"
+    r"|ConnectTimeout|ReadTimeoutError|ConnectTimeoutError|MaxRetryError|ClientConnectorError"
+    r"|ServerDisconnectedError|RemoteDisconnected|IncompleteRead|ChunkedEncodingError)\b"
+    r"|Temporary failure in name resolution|Connection reset by peer|Network is unreachable"
+    r"|Connection (?:broken|aborted)"
+    r"|Max retries exceeded with url|(?:Read|Connect(?:ion)?) timed out"
+    r"|We couldn't connect to '|\b(?:50[234]|429) (?:Server|Client) Error"
+)
 
 
 def _summary_line(lines: list[_Line]) -> _Line | None:
@@ -561,12 +577,12 @@ def next_step(
     * ``GPU_FAULT`` -> the same tier with ``avoid_gpu=gpu``, until ``faults_so_far >= max_lost``
       (earlier attempts that ended ``GPU_FAULT``): then ``FAIL``, since a job that breaks
       every card it is given is more likely the cause than the cards.
-    * ``DISK_FULL`` -> the same tier (resuming where the suite says how) with ``not_before =
-      now + DISK_FULL_WAIT_S * 2**disk_fulls_so_far``, not counted against the job's errors,
-      until ``disk_fulls_so_far >= max_lost`` (earlier attempts that ended ``DISK_FULL``):
-      then ``FAIL``. The wait gives whoever frees the disk (a cleanup job, a person woken by
-      the suite's ``notify:``) time, and the launch-time disk check holds the job while the
-      disk of its logs or working directory is still low.
+    * ``DISK_FULL`` and ``NETWORK`` -> the same tier (resuming where the suite says how) with
+      ``not_before = now + MACHINE_WAIT_S * 2**faults_so_far``, not counted against the job's
+      errors, until ``faults_so_far >= max_lost`` (earlier attempts that ended the same way):
+      then ``FAIL``. The wait gives the cause time to pass: whoever frees the disk (a cleanup
+      job, a person woken by the suite's ``notify:``), the hub back up; and the launch-time
+      disk check holds the job while the disk of its logs or working directory is still low.
 
     Never raises. When ``tier`` does not index ``tiers`` (the suite is gone, or its plan
     lost tiers), an outcome that would requeue gives ``FAIL`` with a reason that says so.
@@ -592,8 +608,8 @@ def next_step(
             return _after_lost(tier, tiers, lost_so_far, max_lost)
         case Outcome.GPU_FAULT:
             return _after_gpu_fault(c, tier, tiers, gpu, faults_so_far, max_lost)
-        case Outcome.DISK_FULL:
-            return _after_disk_full(c, tier, tiers, faults_so_far, max_lost, now)
+        case Outcome.DISK_FULL | Outcome.NETWORK:
+            return _after_machine(c, tier, tiers, faults_so_far, max_lost, now)
         case _:
             return _after_error(c, tier, errors_so_far, retry, now)
 
@@ -655,16 +671,20 @@ def _after_lost(tier: int, tiers: Sequence[Tier], lost_so_far: int, max_lost: in
     return Step(kind=StepKind.REQUEUE, tier=tier, reason=reason)
 
 
-def _after_disk_full(
-    c: Classification, tier: int, tiers: Sequence[Tier], fulls_so_far: int, max_fulls: int, now: float
+def _after_machine(
+    c: Classification, tier: int, tiers: Sequence[Tier], so_far: int, most: int, now: float
 ) -> Step:
-    if fulls_so_far >= max_fulls:
-        reason = f"{c.reason}; the disk was full under {fulls_so_far + 1} of its attempts, gave up"
+    """A disk full, a network that failed: the same tier after a wait, ``most`` times."""
+    said = c.line or c.reason  # the line itself: the path that filled up, the host that failed
+    if so_far >= most:
+        what = "the disk was full" if c.outcome is Outcome.DISK_FULL else "the network failed"
+        reason = f"{what} under {so_far + 1} of its attempts, gave up: {said}"
         return Step(kind=StepKind.FAIL, tier=tier, reason=_clip(reason, _REASON_MAX))
-    delay_s = DISK_FULL_WAIT_S * 2 ** min(max(fulls_so_far, 0), _MAX_BACKOFF_DOUBLINGS)
+    delay_s = MACHINE_WAIT_S * 2 ** min(max(so_far, 0), _MAX_BACKOFF_DOUBLINGS)
+    why = "the disk filled up" if c.outcome is Outcome.DISK_FULL else "the network failed"
     reason = (
-        f"{c.reason} → requeued at tier {tiers[tier].name} in {delay_s:.0f} s"
-        f" ({fulls_so_far + 1} of {max_fulls}; not counted against the job)"
+        f"{why}, requeued at tier {tiers[tier].name} in {delay_s:.0f} s"
+        f" ({so_far + 1} of {most}; not counted against the job): {said}"
     )
     return Step(kind=StepKind.REQUEUE, tier=tier, reason=_clip(reason, _REASON_MAX), not_before=now + delay_s)
 

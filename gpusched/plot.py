@@ -26,6 +26,7 @@ COLORS = {
     "timeout": "#6d4c41",
     "gpu_fault": "#000000",
     "disk_full": "#00897b",
+    "network": "#fdd835",
     "lost": "#757575",
     "cancelled": "#b0bec5",
     "running": "#1e88e5",

@@ -11,9 +11,9 @@ Definitions a caller may rely on (the README repeats them):
   ``ended_at``; one still running counts up to ``now``. Each attempt holds one GPU.
 * *wall time*: from the suite's first attempt start to its last attempt end.
 * *GPU-hours used*: the sum of attempt runtimes. *GPU-hours lost*: the runtime of attempts
-  whose outcome is not ``ok`` (``oom``, ``host_oom``, ``error``, ``timeout``, ``gpu_fault``, ``disk_full``,
-  ``lost``, ``cancelled``) and whose work was not resumed, i.e. the job's next attempt did not start
-  from a checkpoint.
+  whose outcome is not ``ok`` (``oom``, ``host_oom``, ``error``, ``timeout``, ``gpu_fault``,
+  ``disk_full``, ``network``, ``lost``, ``cancelled``) and whose work was not resumed, i.e. the
+  job's next attempt did not start from a checkpoint.
   (Steps after the last checkpoint of a resumed attempt are lost too, but cannot be seen,
   so "lost" is a lower bound then.)
 * *busy fraction* of a GPU: the union of its attempts' intervals / wall time (how long it
@@ -38,7 +38,8 @@ from msgspec.structs import replace
 
 #: Outcomes reported for attempts, in display order (``running``: not ended yet).
 OUTCOMES = (
-    "ok", "oom", "host_oom", "error", "timeout", "gpu_fault", "disk_full", "lost", "cancelled", "running"
+    "ok", "oom", "host_oom", "error", "timeout", "gpu_fault", "disk_full", "network", "lost", "cancelled",
+    "running",
 )  # fmt: skip
 #: Columns of :func:`attempt_records` (CSV header, JSON keys), in order.
 COLUMNS = (

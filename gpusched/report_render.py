@@ -23,6 +23,7 @@ OUTCOME_STYLE = {
     "timeout": "red",
     "gpu_fault": "bold magenta",
     "disk_full": "bold yellow",
+    "network": "yellow",
     "lost": "yellow",
     "cancelled": "dim",
     "running": "cyan",

@@ -363,10 +363,10 @@ class Scheduler:
     ) -> Step:
         suite = self._suite(job.suite)
         tiers = suite.suite.tiers if suite else ()
-        # the job's earlier attempts that the machine failed the same way (a card, a full disk)
+        # the job's earlier attempts that the machine failed the same way (a card, a disk, the network)
         faults = (
             self.store.count_outcomes(job.id, result.outcome)
-            if result.outcome in (Outcome.GPU_FAULT, Outcome.DISK_FULL)
+            if result.outcome in (Outcome.GPU_FAULT, Outcome.DISK_FULL, Outcome.NETWORK)
             else 0
         )
         return outcome.next_step(

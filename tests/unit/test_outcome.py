@@ -20,8 +20,8 @@ from gpusched.model import (
     Tier,
 )
 from gpusched.outcome import (
-    DISK_FULL_WAIT_S,
     LOOK_ALIKES,
+    MACHINE_WAIT_S,
     SIGNATURES,
     LookAlike,
     Signature,
@@ -492,10 +492,59 @@ def test_a_full_disk_waits_and_runs_again_at_its_tier_three_times_then_fails() -
         assert (s.kind, s.tier, s.avoid_gpu) == (StepKind.REQUEUE, 1, None)
         assert f"({fulls + 1} of 3; not counted against the job)" in s.reason
         waits.append((s.not_before or 0) - 1000.0)
-    assert waits == [DISK_FULL_WAIT_S, 2 * DISK_FULL_WAIT_S, 4 * DISK_FULL_WAIT_S]
+    assert waits == [MACHINE_WAIT_S, 2 * MACHINE_WAIT_S, 4 * MACHINE_WAIT_S]
     s = next_step(c, tier=1, tiers=LADDER, gpu=3, errors_so_far=0, lost_so_far=0,
                   retry=RetryPolicy(), now=1000.0, faults_so_far=3)  # fmt: skip
-    assert s.kind is StepKind.FAIL and s.reason.endswith("the disk was full under 4 of its attempts, gave up")
+    assert s.kind is StepKind.FAIL and s.reason.startswith(
+        "the disk was full under 4 of its attempts, gave up: OSError"
+    )
+
+
+NETWORK_LAST_LINES = [
+    "requests.exceptions.ConnectionError: HTTPSConnectionPool(host='huggingface.co', port=443): Max retries"
+    " exceeded with url: /api/models/fla-hub/gla-1.3B (Caused by NewConnectionError('<urllib3.connection."
+    "HTTPSConnection object>: Failed to establish a new connection: [Errno 101] Network is unreachable'))",
+    "OSError: We couldn't connect to 'https://huggingface.co' to load this file, couldn't find it in the"
+    " cached files and it looks like fla-hub/gla-1.3B is not the path to a directory containing a file named"
+    " config.json.",
+    "huggingface_hub.errors.HfHubHTTPError: 503 Server Error: Service Unavailable for url: https://hf.co/x",
+    "huggingface_hub.errors.HfHubHTTPError: 429 Client Error: Too Many Requests for url: https://hf.co/x",
+    "requests.exceptions.ReadTimeout: HTTPSConnectionPool(host='cdn-lfs.hf.co', port=443): Read timed out.",
+    "socket.gaierror: [Errno -3] Temporary failure in name resolution",
+    "ConnectionResetError: [Errno 104] Connection reset by peer",
+    "urllib3.exceptions.ProtocolError: ('Connection broken: IncompleteRead(0 bytes read)', IncompleteRead)",
+]
+NOT_NETWORK_LAST_LINES = [
+    "huggingface_hub.errors.RepositoryNotFoundError: 401 Client Error. (Request ID: x) Repository Not Found",
+    "requests.exceptions.HTTPError: 404 Client Error: Not Found for url: https://huggingface.co/x/resolve/main/y",
+    "ConnectionRefusedError: [Errno 111] Connection refused",  # a local service not started: it stays so
+    "BrokenPipeError: [Errno 32] Broken pipe",  # a reader that went away, not a network
+    "KeyError: 'label'",
+]
+
+
+@pytest.mark.parametrize("last", NETWORK_LAST_LINES)
+def test_a_job_that_died_of_a_failed_connection_runs_again_after_a_wait(last: str) -> None:
+    """A model hub's 503 at 2 a.m. failed the jobs that started then, for good. A connection that
+    failed is the network's, and passes: the same tier after five minutes, not charged."""
+    c = run(f'Traceback (most recent call last):\n  File "train.py", line 9, in <module>\n{last}\n')
+    assert (c.outcome, c.line) == (Outcome.NETWORK, last[:299] + "…" if len(last) > 300 else last)
+    s = step(c, tier=2)
+    assert (s.kind, s.tier, s.not_before) == (StepKind.REQUEUE, 2, 1000.0 + MACHINE_WAIT_S)
+    assert s.reason.startswith("the network failed, requeued at tier C in 300 s (1 of 3; not counted against")
+
+
+@pytest.mark.parametrize("last", NOT_NETWORK_LAST_LINES)
+def test_what_a_retry_would_not_mend_is_an_error(last: str) -> None:
+    assert run(f"Traceback (most recent call last):\n{last}\n").outcome is Outcome.ERROR
+
+
+def test_only_the_exception_the_job_died_of_counts_not_a_network_warning_above_it() -> None:
+    log = (
+        "Couldn't reach https://huggingface.co: ConnectionError: Max retries exceeded; using the cache\n"
+        "step 10\nTraceback (most recent call last):\nKeyError: 'label'\n"
+    )
+    assert (run(log).outcome, run(log).reason) == (Outcome.ERROR, "KeyError: 'label'")
 
 
 def test_ok_is_done() -> None:

@@ -460,17 +460,31 @@ def test_a_suite_whose_working_directory_is_gone_waits_for_it_instead_of_failing
     assert w.store.flag(LAUNCH_WAIT_FLAG) is None
 
 
-def test_a_job_whose_checkpoint_found_the_disk_full_waits_and_runs_again_at_its_tier(tmp_path: Path) -> None:
-    """A night's checkpoints fill the disk at 3 a.m.: each running job dies at its next save.
-    They failed for good (an error); now each waits five minutes, doubling, and runs again at
-    its tier (resuming), not charged with an error; the queue's other jobs are not held."""
+@pytest.mark.parametrize(
+    ("died", "outcome"),
+    [
+        ("OSError: [Errno 28] No space left on device", "disk_full"),
+        (
+            "huggingface_hub.errors.HfHubHTTPError: 503 Server Error: Service Unavailable for url: x",
+            "network",
+        ),
+    ],
+)
+def test_a_job_the_machine_failed_waits_and_runs_again_at_its_tier(
+    tmp_path: Path, died: str, outcome: str
+) -> None:
+    """A night's checkpoints fill the disk at 3 a.m., and each running job dies at its next
+    save; the model hub answers 503 for ten minutes, and the jobs that start then die loading
+    the model. They failed for good (an error); now each waits five minutes, doubling, and
+    runs again at its tier (resuming), not charged with an error; the other jobs run on."""
     w = World(tmp_path, GpuPlan(gpus=(0,), slots=(1,)))
     w.submit(make_suite(tmp_path, n=2))
     w.tick()
-    save = "Traceback (most recent call last):\nOSError: [Errno 28] No space left on device\n"
-    w.ex.finish(w.ex.token_of("E1/0-task"), exit_code=1, output=save)
+    w.ex.finish(
+        w.ex.token_of("E1/0-task"), exit_code=1, output=f"Traceback (most recent call last):\n{died}\n"
+    )
     tick = w.tick()
-    assert tick.reaped == [("E1/0-task", "disk_full")] and [j for j, _, _ in tick.launched] == ["E1/1-task"]
+    assert tick.reaped == [("E1/0-task", outcome)] and [j for j, _, _ in tick.launched] == ["E1/1-task"]
     job = _job(w, "E1/0-task")
     assert (job.state, job.tier, job.errors, job.not_before) == (JobState.QUEUED, 0, 0, w.now + 300)
     w.ex.finish(w.ex.token_of("E1/1-task"), exit_code=0)
