@@ -222,7 +222,8 @@ def classify(
        cancels, so this is most likely the kernel OOM killer (the scheduler says otherwise,
        :data:`SIGKILL_NOT_KERNEL`, where the kernel's count shows it killed nothing);
     8. otherwise ``ERROR``, the reason being the last exception line, else the last
-       non-empty line, else the exit code or signal (at most ~200 characters).
+       non-empty line, else the exit code or signal (at most ~200 characters); ``NETWORK``
+       when that line is a connection that failed in passing (:data:`_NETWORK`).
 
     ``line`` is the log line that decided (stripped, at most 300 characters), or ``None``.
     ``contention`` is true only for ``OOM`` whose message shows that processes other than
