@@ -199,20 +199,17 @@ notify: |
     assert "failed t: t/broken failed: " in logged and "done t: t done: 5 succeeded, 1 failed" in logged
 
 
-def test_logs_follow_waits_for_a_queued_job_and_follows_it_through_its_requeues(
-    gs_home: Path, project: Path
-) -> None:
-    """`logs -f` right after submit: the job is still queued (here: draining), so it waits;
-    then it shows each attempt as it runs, A and B out of memory, C to the end, and returns
-    once the job has succeeded."""
-    write_plan(project, "fo", PLAN)
+def follow_while_queued(project: Path, suite: str, *then: str, timeout: float) -> tuple[int, str, str]:
+    """`logs -f SUITE/big` started while the job waits queued (launches drained), then the
+    command ``then`` run; its exit code, standard output and standard error once it returns."""
+    write_plan(project, suite, PLAN)
     run_cli("drain", cwd=project, check=True)
     run_cli(
-        "submit", "--suite", "fo", "--only", "big", "--gpu-plan", "1", "--backend", "subprocess",
+        "submit", "--suite", suite, "--only", "big", "--gpu-plan", "1", "--backend", "subprocess",
         cwd=project, env=FAKE, check=True,
     )  # fmt: skip
     follow = subprocess.Popen(
-        [sys.executable, "-m", "gpusched", "logs", "-f", "fo/big"],
+        [sys.executable, "-m", "gpusched", "logs", "-f", f"{suite}/big"],
         cwd=project,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -221,12 +218,23 @@ def test_logs_follow_waits_for_a_queued_job_and_follows_it_through_its_requeues(
     )
     try:
         assert follow.stderr is not None
-        assert follow.stderr.readline() == "==> fo/big is queued: waiting for its first attempt <==\n"
-        run_cli("drain", "--off", cwd=project, check=True)
-        out, err = follow.communicate(timeout=120)
+        assert follow.stderr.readline() == f"==> {suite}/big is queued: waiting for its first attempt <==\n"
+        run_cli(*then, cwd=project, check=True)
+        out, err = follow.communicate(timeout=timeout)
     finally:
         follow.kill()
-    assert follow.returncode == 0, err
+        run_cli("drain", "--off", cwd=project)
+    return follow.returncode, out, err
+
+
+def test_logs_follow_waits_for_a_queued_job_and_follows_it_through_its_requeues(
+    gs_home: Path, project: Path
+) -> None:
+    """`logs -f` right after submit: the job is still queued (here: draining), so it waits;
+    then it shows each attempt as it runs, A and B out of memory, C to the end, and returns
+    once the job has succeeded."""
+    code, out, err = follow_while_queued(project, "fo", "drain", "--off", timeout=120)
+    assert code == 0, err
     said = [ln for ln in err.splitlines() if ln.startswith("==> ")]
     assert [ln.split(" (")[-1] for ln in said if "output.log" in ln] == [
         "attempt 1, tier A) <==",
@@ -243,29 +251,8 @@ def test_logs_follow_waits_for_a_queued_job_and_follows_it_through_its_requeues(
 
 
 def test_logs_follow_of_a_job_cancelled_before_it_started_says_so(gs_home: Path, project: Path) -> None:
-    write_plan(project, "fc", PLAN)
-    run_cli("drain", cwd=project, check=True)
-    run_cli(
-        "submit", "--suite", "fc", "--only", "big", "--gpu-plan", "1", "--backend", "subprocess",
-        cwd=project, env=FAKE, check=True,
-    )  # fmt: skip
-    follow = subprocess.Popen(
-        [sys.executable, "-m", "gpusched", "logs", "-f", "fc/big"],
-        cwd=project,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert follow.stderr is not None
-        assert follow.stderr.readline() == "==> fc/big is queued: waiting for its first attempt <==\n"
-        run_cli("cancel", "fc/big", cwd=project, check=True)
-        out, err = follow.communicate(timeout=60)
-    finally:
-        follow.kill()
-        run_cli("drain", "--off", cwd=project)
-    assert follow.returncode == 0 and out == ""
+    code, out, err = follow_while_queued(project, "fc", "cancel", "fc/big", timeout=60)
+    assert code == 0 and out == ""
     assert err.startswith("==> fc/big cancelled"), err  # not a silent return, as if the log were empty
 
 
