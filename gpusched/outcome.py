@@ -442,7 +442,8 @@ _WRAPPER_EXCEPTIONS = ("ChildFailedError", "CalledProcessError")
 def _error(lines: list[_Line], exit: ExitRecord) -> Classification:
     line = _summary_line(lines)
     if line is not None:
-        kind = Outcome.NETWORK if _NETWORK.search(line.text) else Outcome.ERROR
+        passing = _NETWORK.search(line.text) and not _DISTRIBUTED.search(line.text)
+        kind = Outcome.NETWORK if passing else Outcome.ERROR
         reason, shown = _clip(line.text, _REASON_MAX), _clip(line.raw, _LINE_MAX)
         return Classification(outcome=kind, reason=reason, line=shown)
     return Classification(outcome=Outcome.ERROR, reason=_exit_words(exit))
@@ -462,6 +463,9 @@ _NETWORK = re.compile(
     r"|Max retries exceeded with url|(?:Read|Connect(?:ion)?) timed out"
     r"|We couldn't connect to '|\b(?:50[234]|429) (?:Server|Client) Error"
 )
+#: ... unless it is between the job's own processes: a rank's "Connection reset by peer" when
+#: another rank died (of its own error, which a retry would meet again).
+_DISTRIBUTED = re.compile(r"NCCL|Gloo|c10d|ProcessGroup|TCPStore|Dist(?:Backend|Network|Store)Error")
 
 
 def _summary_line(lines: list[_Line]) -> _Line | None:

@@ -519,6 +519,10 @@ NOT_NETWORK_LAST_LINES = [
     "requests.exceptions.HTTPError: 404 Client Error: Not Found for url: https://huggingface.co/x/resolve/main/y",
     "ConnectionRefusedError: [Errno 111] Connection refused",  # a local service not started: it stays so
     "BrokenPipeError: [Errno 32] Broken pipe",  # a reader that went away, not a network
+    # another rank of the job died: its own error, met again on a retry
+    "torch.distributed.DistNetworkError: Connection reset by peer",
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer",
+    "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, Connection reset by peer",
     "KeyError: 'label'",
 ]
 
