@@ -628,9 +628,9 @@ class Scheduler:
 
     def _launchable(self, queued: list[JobRow], now: float) -> list[JobRow]:
         """``queued`` less the jobs that wait for the machine: all of them while launches are
-        paused after a machine failure, a suite's while its working directory is gone or its
-        logs or working directory's disk is low (:mod:`gpusched.disk`). Records why they
-        wait, for ``status``."""
+        paused after a machine failure, a suite's while its working directory or script is
+        gone or its logs' or working directory's disk is low (:meth:`_disks_wait`). Records
+        why they wait, for ``status``."""
         waits: dict[str, str] = {}
         if self._paused is not None and now < self._paused[0]:
             why = self._paused[1]
