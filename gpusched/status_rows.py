@@ -68,6 +68,8 @@ ENTRY_FIELDS: dict[str, str] = {
     "backend_handle": "json(a.handle)",
     "tiers": f"coalesce(t.n, (SELECT n {_LAST_TIER}), 1)",
     "start_tier": "p.start_tier",
+    # a queued job that waits out a backoff (a retried error, a full disk, the network): until when
+    "not_before": "CASE WHEN j.state = 'queued' AND j.not_before > :now THEN j.not_before END",
     "last_line": "NULL",
     "quiet_s": "NULL",
     # why gpusched is stopping a running job at a suite limit (a lookup for running jobs only)

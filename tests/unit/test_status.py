@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 JOB_KEYS = (
     "id", "suite", "name", "state", "tier", "tier_index", "attempt", "gpu", "outcome", "reason", "line",
     "log", "runtime_s", "started_at", "ended_at", "predicted_mib", "prediction_source", "peak_mib",
-    "cancel_requested", "backend_handle", "tiers", "start_tier", "last_line", "quiet_s", "stopping", "slurm",
+    "cancel_requested", "backend_handle", "tiers", "start_tier", "not_before", "last_line", "quiet_s",
+    "stopping", "slurm",
 )  # fmt: skip
 
 
@@ -107,6 +108,22 @@ def test_status_json_is_the_status_document_as_text(tmp_path: Path) -> None:
     running = next(j for j in doc["jobs"] if j["id"] == "E1/0-rte")
     assert running["last_line"] == "step 4/9 loss 0.5" and running["slurm"] is None
     assert all(j["last_line"] is None for j in doc["jobs"] if j["state"] != "running")
+
+
+def test_a_job_that_waits_out_a_backoff_says_until_when(tmp_path: Path) -> None:
+    """A job requeued after a wait (a retried error, a full disk, the network) said "in 300 s",
+    and nobody reading status later knew from when: it now says until when."""
+    from gpusched.views import format_status
+
+    box = busy_box(tmp_path)
+    with box.store.tx():
+        box.store.db.execute("UPDATE jobs SET not_before = ? WHERE id = 'E1/3-rte'", (box.now + 300,))
+        box.store.db.execute("UPDATE jobs SET not_before = ? WHERE id = 'E1/4-rte'", (box.now - 1,))
+    jobs = {j["id"]: j for j in box.status()["jobs"]}
+    assert jobs["E1/3-rte"]["not_before"] == box.now + 300 and jobs["E1/4-rte"]["not_before"] is None
+    until = time.strftime("%H:%M:%S", time.localtime(box.now + 300))
+    row = next(ln for ln in format_status(box.status(), width=250).splitlines() if "E1/3-rte" in ln)
+    assert f"(waits until {until})" in row
 
 
 def test_a_coloured_progress_bar_is_shown_as_the_text_it_draws(tmp_path: Path) -> None:
