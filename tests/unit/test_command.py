@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpusched import plan
 from gpusched.command import missing_script, script_of
@@ -73,3 +75,9 @@ def test_submit_refuses_a_plan_whose_script_is_not_there_and_names_the_nearest(t
         PlanError, match=r"command: runs /nowhere/train.py, which is not a file; fix the path"
     ):
         plan.load_suite("E1", cwd=tmp_path)
+
+
+@given(st.text(max_size=80))
+def test_any_command_text_gives_a_script_or_none_and_never_raises(command: str) -> None:
+    script = script_of(command)
+    assert script is None or (script.endswith(".py") and not any(ch in script for ch in "${}~"))
