@@ -52,8 +52,12 @@ ENTRY_FIELDS: dict[str, str] = {
     "attempt": "j.attempts",
     "gpu": "a.gpu",
     "outcome": "j.outcome",
+    # a queued job that waits out a backoff (a retried error, a full disk, the network) says until
+    # when: "requeued ... in 300 s" does not say from when (the clock is the machine's, as Python's)
     "reason": "CASE WHEN j.state = 'queued' THEN coalesce(nullif(j.wait_reason, ''), j.reason)"
-    " ELSE j.reason END",
+    " || CASE WHEN j.not_before > :now"
+    " THEN ' (waits until ' || strftime('%H:%M:%S', j.not_before, 'unixepoch', 'localtime') || ')'"
+    " ELSE '' END ELSE j.reason END",
     "line": "j.line",
     "log": "a.dir || '/output.log'",
     "runtime_s": "CASE WHEN j.state != 'queued' AND a.started_at"
@@ -68,8 +72,6 @@ ENTRY_FIELDS: dict[str, str] = {
     "backend_handle": "json(a.handle)",
     "tiers": f"coalesce(t.n, (SELECT n {_LAST_TIER}), 1)",
     "start_tier": "p.start_tier",
-    # a queued job that waits out a backoff (a retried error, a full disk, the network): until when
-    "not_before": "CASE WHEN j.state = 'queued' AND j.not_before > :now THEN j.not_before END",
     "last_line": "NULL",
     "quiet_s": "NULL",
     # why gpusched is stopping a running job at a suite limit (a lookup for running jobs only)

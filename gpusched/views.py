@@ -524,8 +524,6 @@ def _job_cells(j: dict[str, Any]) -> list[tuple[str, str]]:
         why = f"(no output for {int(j['quiet_s'] // 60)} min) {why or ''}"
     if j["state"] == "failed" and j.get("line") and j["line"] not in (j.get("reason") or ""):
         why = f"{j.get('reason')}: {j['line']}"  # (a reason that is the line itself says it once)
-    if j["state"] == "queued" and j.get("not_before"):
-        why = f"{why} (waits until {time.strftime('%H:%M:%S', time.localtime(j['not_before']))})"
     tag = f"[{j['outcome']}] " if j.get("outcome") and j["state"] != "running" else ""
     tier = f"{j['tier']} ({j['tier_index'] + 1}/{j['tiers']})" if j.get("tiers", 1) > 1 else f"{j['tier']}"
     return [
