@@ -511,6 +511,19 @@ def test_a_sigkill_from_outside_is_not_put_down_to_the_kernel_oom_killer(
         )
 
 
+def test_a_job_whose_save_found_the_disk_full_waits_to_run_again_and_says_until_when(
+    gs_home: Path, project: Path
+) -> None:
+    write_plan(project, "full", 'echo "OSError: [Errno 28] No space left on device" >&2; exit 1', ["a"])
+    submit_on_one_slot(project, "full")
+    retry_until(lambda: [a.outcome for a in store(gs_home).attempts("full/a")] == ["disk_full"], timeout=30)
+    job = json.loads(run_cli("status", "--json", cwd=project, check=True).stdout)["jobs"][0]
+    assert (job["state"], job["outcome"], job["tier"]) == ("queued", "disk_full", "A")
+    assert job["reason"].startswith("the disk filled up, requeued at tier A in 300 s (1 of 3; not counted")
+    assert "(waits until " in job["reason"] and store(gs_home).job("full/a").errors == 0  # type: ignore[union-attr]
+    run_cli("cancel", "full/a", cwd=project, check=True)
+
+
 def _text(p: Path) -> str | None:
     try:
         return p.read_text().strip() or None
