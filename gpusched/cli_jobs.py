@@ -224,9 +224,14 @@ def cmd_retry(args: argparse.Namespace) -> int:
             tier = tiers.tier_index(srow.suite, args.tier)
         chosen[job_id] = tier
     succeeded = {j.id for j in map(store.job, chosen) if j is not None and j.state is JobState.SUCCEEDED}
-    for job in store.retry_many(chosen):  # all or none
+    now = time.time()
+    waiting = store.waiting(list(chosen), now)
+    for job in store.retry_many(chosen, now=now):  # all or none
         srow = store.suite(job.suite)
         name = srow.suite.tiers[job.tier].name if srow and job.tier < len(srow.suite.tiers) else job.tier
+        if job.id in waiting:
+            print(f"{job.id}: runs at tier {name} without waiting out its backoff")
+            continue
         # a success starts over; a failure or a cancel resumes from its checkpoint (Store.run_since)
         again = job.id in succeeded and srow is not None and srow.suite.resume is not None
         print(
@@ -240,17 +245,26 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 def _retryable(store: Store, patterns: list[str]) -> list[str]:
     """The jobs ``retry`` queues again: each one named by its id (or unambiguous name), which
-    must have finished; and, for a shell pattern (``'E1/*'``, the morning after a night that
-    went wrong), the jobs it matches that failed or were cancelled: the ones that succeeded,
-    wait or run are left alone. A pattern that matches none of those is an error."""
+    must have finished or be waiting out a backoff; and, for a shell pattern (``'E1/*'``, the
+    morning after a night that went wrong), the jobs it matches that failed, were cancelled
+    or wait out a backoff (a full disk freed, the hub back): the ones that succeeded, are
+    queued for their turn or run are left alone. A pattern that matches none is an error."""
     out: list[str] = []
     for pat in patterns:
         ids = resolve_jobs(store, [pat])
         if any(ch in pat for ch in "*?["):
             rows = [store.job(i) for i in ids]
-            ids = [j.id for j in rows if j is not None and j.state.value in ("failed", "cancelled")]
+            waiting = store.waiting(ids, time.time())
+            ids = [
+                j.id
+                for j in rows
+                if j is not None and (j.state.value in ("failed", "cancelled") or j.id in waiting)
+            ]
             if not ids:
-                raise UsageError(f"no failed or cancelled job matches '{pat}': see `gpusched status`")
+                raise UsageError(
+                    f"no failed or cancelled job, nor one waiting out a backoff, matches '{pat}':"
+                    " see `gpusched status`"
+                )
         out.extend(i for i in ids if i not in out)
     return out
 

@@ -82,6 +82,12 @@ def _unreadable(path: Path, e: sqlite3.Error) -> str:
     return said
 
 
+def waiting_out(row: sqlite3.Row, now: float) -> bool:
+    """A job row queued and waiting out a backoff at ``now`` (a retried error, a full disk, the
+    network: its ``not_before`` still ahead)."""
+    return bool(row["state"] == "queued" and row["not_before"] is not None and row["not_before"] > now)
+
+
 class Store:
     """A connection to the state database. Cheap to open; one per process/thread."""
 
@@ -879,23 +885,43 @@ class Store:
         return self.retry_many({job_id: tier}, now=now)[0]
 
     def retry_many(self, tiers: Mapping[str, int | None], *, now: float | None = None) -> list[JobRow]:
-        """Queue finished jobs again, each at its tier (None: where it ended), all or none: a
-        job that is unknown or not finished raises :class:`UsageError` and nothing changes."""
+        """Queue finished jobs again, each at its tier (None: where it ended), and cut short the
+        wait of queued ones that wait out a backoff (:func:`waiting_out`: the disk freed, the
+        hub back), all or none: a job that is unknown, running, or queued without such a wait
+        raises :class:`UsageError` and nothing changes."""
         now = time.time() if now is None else now
         with self.tx():
             for job_id, tier in tiers.items():
                 row = self.db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
                 if row is None:
                     raise UsageError(f"no job {job_id}: see `gpusched status` for job ids")
+                if waiting_out(row, now):
+                    t = row["tier"] if tier is None else tier
+                    self.db.execute(
+                        "UPDATE jobs SET not_before = NULL, tier = ?, updated_at = ? WHERE id = ?",
+                        (t, now, job_id),
+                    )
+                    self._event(
+                        now, job_id, "queued", f"retried by user at tier index {t}: its wait cut short"
+                    )
+                    continue
                 if not JobState(row["state"]).terminal:
                     state = row["state"]
-                    raise UsageError(f"job {job_id} is {state}: only finished jobs can be retried (none was)")
+                    raise UsageError(
+                        f"job {job_id} is {state}: only finished jobs, and queued ones waiting out a"
+                        " backoff, can be retried (none was)"
+                    )
                 t = row["tier"] if tier is None else tier
                 again = row["state"] == JobState.SUCCEEDED.value  # a failure or a cancel continues
                 why = f"retried by user at tier index {t}" + (", from the start" if again else "")
                 self._requeue_finished(row, None, tier=t, now=now, why=why, fresh=again)
         jobs = [self.job(job_id) for job_id in tiers]
         return [j for j in jobs if j is not None]
+
+    def waiting(self, ids: Sequence[str], now: float) -> set[str]:
+        """Those of ``ids`` queued and waiting out a backoff at ``now``."""
+        rows = (self.db.execute("SELECT * FROM jobs WHERE id = ?", (j,)).fetchone() for j in ids)
+        return {row["id"] for row in rows if row is not None and waiting_out(row, now)}
 
     def set_waits(self, waits: dict[str, str]) -> None:
         """Store why queued jobs wait; writes only reasons that changed."""

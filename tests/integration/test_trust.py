@@ -331,7 +331,8 @@ def test_retry_a_pattern_queues_again_what_failed_and_nothing_half_way(gs_home: 
 
         r = run_cli("retry", "r/ok", "r/slow", cwd=project)
         assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-            "gpusched: job r/slow is running: only finished jobs can be retried (none was)"
+            "gpusched: job r/slow is running: only finished jobs, and queued ones waiting out a backoff,"
+            " can be retried (none was)"
         ]
         assert states(gs_home, "r") == want  # r/ok was not queued again either
 
@@ -342,7 +343,10 @@ def test_retry_a_pattern_queues_again_what_failed_and_nothing_half_way(gs_home: 
         assert launches(project).count("r/ok") == 1
 
         r = run_cli("retry", "r/ok*", cwd=project)
-        assert r.returncode == 2 and "no failed or cancelled job matches 'r/ok*'" in r.stderr
+        assert (
+            r.returncode == 2
+            and "no failed or cancelled job, nor one waiting out a backoff, matches" in r.stderr
+        )
     finally:
         (project / "go").touch()  # the slow job ends, whatever was asserted
     retry_until(lambda: states(gs_home, "r")["slow"] == "succeeded", timeout=30)
@@ -521,6 +525,14 @@ def test_a_job_whose_save_found_the_disk_full_waits_to_run_again_and_says_until_
     assert (job["state"], job["outcome"], job["tier"]) == ("queued", "disk_full", "A")
     assert job["reason"].startswith("the disk filled up, requeued at tier A in 300 s (1 of 3; not counted")
     assert "(waits until " in job["reason"] and store(gs_home).job("full/a").errors == 0  # type: ignore[union-attr]
+    # the disk freed before the five minutes are up: `retry` runs it now (here it fills up again)
+    r = run_cli("retry", "full/*", cwd=project, check=True)
+    assert r.stdout == "full/a: runs at tier A without waiting out its backoff\n"
+    retry_until(
+        lambda: len(store(gs_home).attempts("full/a")) == 2 and store(gs_home).job("full/a").not_before,
+        timeout=30,
+    )
+    assert "in 600 s (2 of 3;" in (store(gs_home).job("full/a").reason or "")  # type: ignore[union-attr]
     run_cli("cancel", "full/a", cwd=project, check=True)
 
 
