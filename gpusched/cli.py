@@ -348,6 +348,7 @@ def _submit(
     from gpusched.gpus.select import make_probe
 
     whole = plan.load_suite(args.suite, cwd=cwd, name=args.name)
+    _refuse_missing_program(whole, cwd)
     suite = flags.select_jobs(whole, pairs=args.pairs, only=args.only)
     before = submitted_suite(suite.name, only_active=True)  # what a flag left out stays as it was
     backend = check_backend(args.backend or (before.backend if before else None) or default_backend())
@@ -424,6 +425,26 @@ def _submit(
         print(f"  {info['probe_notice']}")
     print(f"  logs: {suite.logs_dir}/<job>/<attempt>-<tier>/output.log   watch: gpusched status --watch")
     return 0
+
+
+def _refuse_missing_program(suite: Suite, cwd: Path) -> None:
+    """UsageError when the program the suite's command starts would not run for its jobs:
+    ``torchrun`` from a shell whose environment is not activated, a typo (``pyhton``), a
+    ``./run.sh`` not executable. Every job would fail at once with ``not found``. The jobs get
+    this shell's environment, so its PATH is theirs (unless the plan sets PATH itself)."""
+    from gpusched.command import missing_program
+    from gpusched.plan import _display
+
+    if "PATH" in suite.env:  # the plan's own PATH, as the jobs' shell will read it: not known here
+        return
+    why = missing_program(suite.command, suite.workdir, os.environ.get("PATH", os.defpath))
+    if why is not None:
+        where = _display(Path(suite.plan_path), cwd)
+        raise UsageError(
+            f"{where}: command: {why} (the jobs get this shell's environment, and every one would"
+            " fail at once); activate the environment that has it before you submit, or write the"
+            " program's full path"
+        )
 
 
 def _refuse_shared_output_dirs(store: Store, suite: Suite) -> None:

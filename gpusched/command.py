@@ -1,4 +1,4 @@
-"""The script a suite's command runs, where the command says so plainly.
+"""The program and the script a suite's command runs, where the command says so plainly.
 
 A typo in ``python launchers/trian.py --config {config}`` fails every job of the suite the
 moment it starts, and a ``git checkout`` that removes the script at 1 a.m. fails the rest of
@@ -12,6 +12,10 @@ launch``, ``deepspeed``) with the first argument ending in ``.py``; leading ``NA
 assignments and ``env``/``exec``/``nohup``/``time`` are passed over. Anything else (``sh -c``,
 ``cd x && ...``, ``python -m pkg``, a path with ``$`` or a placeholder in it) names no script,
 and nothing is checked.
+
+The program (the first word, past the same assignments and prefixes) is looked for on the PATH
+the jobs get, by ``submit`` only: ``torchrun`` from a shell whose environment is not activated
+fails every job with ``not found``. Shell words (``cd``, ``if``, ``source``) are not programs.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 
 _PYTHON = re.compile(r"python[0-9.]*")
 _LAUNCHERS = frozenset({"torchrun", "accelerate", "deepspeed"})
@@ -28,15 +33,60 @@ _PYTHON_FLAGS = frozenset({"-u", "-B", "-O", "-OO", "-s", "-S", "-E", "-I", "-q"
 _PYTHON_FLAGS_WITH_VALUE = frozenset({"-X", "-W"})
 
 
-def script_of(command: str) -> str | None:
-    """The script ``command`` runs, as written in it (relative to the workdir, or absolute),
-    or None where the command does not plainly name one."""
+#: Words a shell runs itself: no program file to look for.
+_SHELL_WORDS = frozenset(
+    {
+        ".", ":", "[", "[[", "!", "{", "}", "alias", "bg", "break", "case", "cd", "command", "continue",
+        "do", "done", "echo", "elif", "else", "esac", "eval", "exit", "export", "false", "fc", "fg", "fi",
+        "for", "function", "getopts", "hash", "if", "jobs", "kill", "local", "printf", "pwd", "read",
+        "readonly", "return", "select", "set", "shift", "source", "test", "then", "times", "trap", "true",
+        "type", "ulimit", "umask", "unalias", "unset", "until", "wait", "while",
+    }
+)  # fmt: skip
+
+
+def _words(command: str) -> list[str] | None:
+    """The command's words from its program on (``NAME=value`` and ``env``/``exec``/``nohup``/
+    ``time`` passed over), or None where a quote is left open."""
     try:
         words = shlex.split(command)
     except ValueError:  # a quote left open: `sh -n` says so at submit
         return None
     while words and (words[0] in _PREFIXES or _ASSIGNMENT.fullmatch(words[0])):
         words = words[1:]
+    return words
+
+
+def program_of(command: str) -> str | None:
+    """The program ``command`` starts, as written (``torchrun``, ``./run.sh``,
+    ``/opt/conda/bin/python``), or None for a shell word (``cd``, ``if``, ``source``) or a
+    word the shell would expand or split (``$PY``, ``(cd``, ``a;b``)."""
+    words = _words(command)
+    if not words or words[0] in _SHELL_WORDS or any(ch in words[0] for ch in "$`{}~*?[]()<>|;&'\""):
+        return None
+    return words[0]
+
+
+def missing_program(command: str, workdir: str, path: str) -> str | None:
+    """Why the program ``command`` starts would not run, or None: not on ``path`` (the PATH the
+    jobs get), or, given as a path (relative to ``workdir``), not an executable file."""
+    program = program_of(command)
+    if program is None:
+        return None
+    if "/" not in program:
+        return None if shutil.which(program, path=path) else f"runs {program}, which is not on PATH"
+    full = os.path.join(workdir, program)
+    if not os.path.isfile(full):
+        return f"runs {program}, which is not a file"
+    if not os.access(full, os.X_OK):
+        return f"runs {program}, which is not executable (chmod +x {program})"
+    return None
+
+
+def script_of(command: str) -> str | None:
+    """The script ``command`` runs, as written in it (relative to the workdir, or absolute),
+    or None where the command does not plainly name one."""
+    words = _words(command)
     if not words:
         return None
     program, args = os.path.basename(words[0]), words[1:]
