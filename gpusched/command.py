@@ -62,7 +62,9 @@ def program_of(command: str) -> str | None:
     ``/opt/conda/bin/python``), or None for a shell word (``cd``, ``if``, ``source``) or a
     word the shell would expand or split (``$PY``, ``(cd``, ``a;b``)."""
     words = _words(command)
-    if not words or words[0] in _SHELL_WORDS or any(ch in words[0] for ch in "$`{}~*?[]()<>|;&'\""):
+    if not words or words[0] in _SHELL_WORDS or words[0].startswith("-"):  # (`env -i ...`: not read)
+        return None
+    if any(ch in words[0] for ch in "$`{}~*?[]()<>|;&'\""):
         return None
     return words[0]
 

@@ -96,6 +96,7 @@ def test_any_command_text_gives_a_script_or_none_and_never_raises(command: str) 
         ("$PYTHON train.py {config}", None),
         ("(cd sub; python t.py {config})", None),
         ("{{ python t.py; }} {config}", None),
+        ("env -i python t.py {config}", None),
     ],
 )
 def test_the_program_a_command_starts(command: str, program: str | None) -> None:
