@@ -853,9 +853,13 @@ class Store:
         self.db.execute("DELETE FROM gpu_faults WHERE gpu = ? AND out_since IS NULL", (gpu,))
 
     def count_outcomes(self, job_id: str, outcome: Outcome) -> int:
-        """How many of the job's ended attempts ended ``outcome``."""
-        q = "SELECT COUNT(*) FROM attempts WHERE job_id = ? AND outcome = ?"
-        return int(self.db.execute(q, (job_id, outcome.value)).fetchone()[0])
+        """How many of the job's attempts since it was last queued by a person (its submit, a
+        ``retry``, a ``--rerun``) ended ``outcome``: a retry after it gave up counts anew."""
+        q = (
+            "SELECT COUNT(*) FROM attempts WHERE job_id = ? AND outcome = ? AND launched_at >="
+            " coalesce((SELECT max(at) FROM events WHERE job_id = ? AND kind = 'queued'), 0)"
+        )
+        return int(self.db.execute(q, (job_id, outcome.value, job_id)).fetchone()[0])
 
     def gpus_out(self) -> dict[int, GpuOut]:
         """The GPUs out of service, by index."""

@@ -478,11 +478,11 @@ def test_a_job_the_machine_failed_waits_and_runs_again_at_its_tier(
     the model. They failed for good (an error); now each waits five minutes, doubling, and
     runs again at its tier (resuming), not charged with an error; the other jobs run on."""
     w = World(tmp_path, GpuPlan(gpus=(0,), slots=(1,)))
-    w.submit(make_suite(tmp_path, n=2))
+    suite = make_suite(tmp_path, n=2)  # submitted on the world's clock: attempts count from then
+    w.store.submit(suite, w.plan, backend="fake", cwd=str(tmp_path), env_path=None, now=w.now)
     w.tick()
-    w.ex.finish(
-        w.ex.token_of("E1/0-task"), exit_code=1, output=f"Traceback (most recent call last):\n{died}\n"
-    )
+    traceback = f"Traceback (most recent call last):\n{died}\n"
+    w.ex.finish(w.ex.token_of("E1/0-task"), exit_code=1, output=traceback)
     tick = w.tick()
     assert tick.reaped == [("E1/0-task", outcome)] and [j for j, _, _ in tick.launched] == ["E1/1-task"]
     job = _job(w, "E1/0-task")
@@ -490,8 +490,21 @@ def test_a_job_the_machine_failed_waits_and_runs_again_at_its_tier(
     w.ex.finish(w.ex.token_of("E1/1-task"), exit_code=0)
     w.tick()
     assert w.tick().launched == []  # its wait is not over
-    w.now += 300
+    waits = [300.0]
+    for _ in range(3):  # it keeps failing so: 10, 20 minutes, then it gives up
+        w.now += waits[-1]
+        assert [j for j, _, _ in w.tick().launched] == ["E1/0-task"]
+        w.ex.finish(w.ex.token_of("E1/0-task"), exit_code=1, output=traceback)
+        w.tick()
+        job = _job(w, "E1/0-task")
+        waits.append((job.not_before or w.now) - w.now if job.state is JobState.QUEUED else 0)
+    assert waits == [300, 600, 1200, 0] and job.state is JobState.FAILED and job.errors == 0
+    w.store.retry_many({"E1/0-task": None}, now=w.now)  # the disk freed, the hub back: counted anew
     assert [j for j, _, _ in w.tick().launched] == ["E1/0-task"]
+    w.ex.finish(w.ex.token_of("E1/0-task"), exit_code=1, output=traceback)
+    w.tick()
+    job = _job(w, "E1/0-task")
+    assert job.state is JobState.QUEUED and "(1 of 3;" in (job.reason or "")
 
 
 def test_a_suite_whose_script_a_checkout_took_away_waits_for_it(tmp_path: Path) -> None:
