@@ -23,9 +23,10 @@ import contextlib
 import logging
 import os
 import select
+import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from msgspec import Struct
 
@@ -106,6 +107,31 @@ class Reply(Struct, kw_only=True):
         # else: a notification (%window-add, %session-changed, ...): not ours to answer
 
 
+def _dies_with(parent: int) -> Callable[[], None] | None:
+    """What the client runs before its exec on Linux: SIGKILL when ``parent`` (the daemon)
+    dies. A daemon killed with SIGKILL left its client attached: tmux 3.3 never ends a control
+    client whose input and output went with the daemon, and a server asked to exit (`tmux
+    kill-server`, which the README says is safe) then waits for it for good, answering every
+    later command, the next daemon's launches too, `server exited unexpectedly`. The daemon
+    runs one thread, the one that starts the client (the signal follows the thread)."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: no parent-death signal
+        return None
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the daemon died as the client was forked
+            os._exit(1)
+
+    return preexec
+
+
+_PR_SET_PDEATHSIG = 1
+
+
 class ControlClient:
     """``tmux -S SOCKET -f CONF -C attach-session -f no-output,ignore-size -t =SESSION``,
     kept open; :meth:`run` sends one command line and reads its blocks."""
@@ -122,6 +148,7 @@ class ControlClient:
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # a signal to the daemon's group is not the client's
+            preexec_fn=_dies_with(os.getpid()),
         )
         attached = self._read(Reply(expected=1, own=False))  # the attach answers with a block
         if not attached.done or attached.failed:

@@ -115,6 +115,8 @@ def test_jobs_outlive_the_daemon_and_a_new_daemon_re_adopts_them(
         pid = daemon_pid(gs_home)
         os.kill(pid, signal.SIGKILL)
         retry_until(lambda: dead(pid), timeout=10)
+        # its tmux control client goes with it: left attached, it kept the server from ever exiting
+        retry_until(lambda: not control_clients(gs_home), timeout=10)
     assert run_cli("daemon", "status", cwd=project).returncode == 3  # no daemon
     assert all(proc.is_alive(pid, started) for pid, started in wrappers)  # the jobs still run
     if how == "stop":  # they end while no daemon runs: the next one reaps them from exit.json
@@ -130,6 +132,29 @@ def test_jobs_outlive_the_daemon_and_a_new_daemon_re_adopts_them(
     retry_until(lambda: states(gs_home, "night") == {"a": "succeeded", "b": "succeeded"}, timeout=30)
     assert launches(project) == ["night/a", "night/b"]  # each ran exactly once
     assert [len(store(gs_home).attempts(f"night/{j}")) for j in "ab"] == [1, 1]
+    if backend == "tmux":  # `tmux kill-server` (safe, the README says) ends the server, whatever died
+        run_cli("daemon", "stop", cwd=project, check=True)
+        sock = str(gs_home / "tmux.sock")
+        assert subprocess.run(["tmux", "-S", sock, "kill-server"], capture_output=True).returncode == 0
+
+        def server_gone() -> bool:
+            said = subprocess.run(["tmux", "-S", sock, "ls"], capture_output=True, text=True).stderr
+            return "no server running" in said or "error connecting" in said
+
+        retry_until(server_gone, timeout=10)  # not "server exited unexpectedly", for good
+
+
+def control_clients(home: Path) -> list[int]:
+    """The tmux control-mode clients attached to ``home``'s tmux server."""
+    import psutil
+
+    sock = str(home / "tmux.sock")
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        cmd = p.info["cmdline"] or []
+        if sock in cmd and "-C" in cmd and p.info["status"] != psutil.STATUS_ZOMBIE:
+            out.append(p.info["pid"])
+    return out
 
 
 def test_a_state_directory_another_machines_daemon_runs_on_is_refused_in_one_line(
