@@ -135,7 +135,7 @@ def test_jobs_outlive_the_daemon_and_a_new_daemon_re_adopts_them(
     if backend == "tmux":  # `tmux kill-server` (safe, the README says) ends the server, whatever died
         run_cli("daemon", "stop", cwd=project, check=True)
         sock = str(gs_home / "tmux.sock")
-        assert subprocess.run(["tmux", "-S", sock, "kill-server"], capture_output=True).returncode == 0
+        subprocess.run(["tmux", "-S", sock, "kill-server"], capture_output=True)  # (it may be gone already)
 
         def server_gone() -> bool:
             said = subprocess.run(["tmux", "-S", sock, "ls"], capture_output=True, text=True).stderr
