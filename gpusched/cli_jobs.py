@@ -210,6 +210,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_retry(args: argparse.Namespace) -> int:
     from gpusched import daemon, tiers
     from gpusched.model import JobState
+    from gpusched.store import waiting_out
 
     store = _store()
     home = _home()
@@ -223,9 +224,10 @@ def cmd_retry(args: argparse.Namespace) -> int:
             assert srow is not None
             tier = tiers.tier_index(srow.suite, args.tier)
         chosen[job_id] = tier
-    succeeded = {j.id for j in map(store.job, chosen) if j is not None and j.state is JobState.SUCCEEDED}
     now = time.time()
-    waiting = store.waiting(list(chosen), now)
+    rows = [j for j in map(store.job, chosen) if j is not None]
+    succeeded = {j.id for j in rows if j.state is JobState.SUCCEEDED}
+    waiting = {j.id for j in rows if waiting_out(j.state.value, j.not_before, now)}
     for job in store.retry_many(chosen, now=now):  # all or none
         srow = store.suite(job.suite)
         name = srow.suite.tiers[job.tier].name if srow and job.tier < len(srow.suite.tiers) else job.tier
@@ -249,16 +251,18 @@ def _retryable(store: Store, patterns: list[str]) -> list[str]:
     morning after a night that went wrong), the jobs it matches that failed, were cancelled
     or wait out a backoff (a full disk freed, the hub back): the ones that succeeded, are
     queued for their turn or run are left alone. A pattern that matches none is an error."""
+    from gpusched.store import waiting_out
+
     out: list[str] = []
     for pat in patterns:
         ids = resolve_jobs(store, [pat])
         if any(ch in pat for ch in "*?["):
-            rows = [store.job(i) for i in ids]
-            waiting = store.waiting(ids, time.time())
+            now = time.time()
+            rows = [j for j in map(store.job, ids) if j is not None]
             ids = [
                 j.id
                 for j in rows
-                if j is not None and (j.state.value in ("failed", "cancelled") or j.id in waiting)
+                if j.state.value in ("failed", "cancelled") or waiting_out(j.state.value, j.not_before, now)
             ]
             if not ids:
                 raise UsageError(

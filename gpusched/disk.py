@@ -69,7 +69,7 @@ class DiskLimit(Struct, frozen=True, kw_only=True):
 def disk_free(path: str) -> DiskFree:
     """``statvfs`` of ``path``, or of its nearest existing parent (a suite's logs directory
     is created by its first launch). Space as an unprivileged user may use it (``f_bavail``)."""
-    probe = os.path.abspath(path)
+    probe = full = os.path.abspath(path)
     while True:
         try:
             st = os.statvfs(probe)
@@ -86,7 +86,7 @@ def disk_free(path: str) -> DiskFree:
         free_mib=(st.f_bavail * st.f_frsize) >> 20,
         total_mib=(st.f_blocks * st.f_frsize) >> 20,
         free_inodes=st.f_favail if st.f_files else None,
-        missing=probe != os.path.abspath(path),
+        missing=probe != full,
     )
 
 

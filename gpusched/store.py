@@ -82,10 +82,10 @@ def _unreadable(path: Path, e: sqlite3.Error) -> str:
     return said
 
 
-def waiting_out(row: sqlite3.Row, now: float) -> bool:
-    """A job row queued and waiting out a backoff at ``now`` (a retried error, a full disk, the
-    network: its ``not_before`` still ahead)."""
-    return bool(row["state"] == "queued" and row["not_before"] is not None and row["not_before"] > now)
+def waiting_out(state: str, not_before: float | None, now: float) -> bool:
+    """A job in ``state`` is queued and waits out a backoff at ``now`` (a retried error, a full
+    disk, the network: its ``not_before`` still ahead)."""
+    return state == "queued" and not_before is not None and not_before > now
 
 
 class Store:
@@ -899,7 +899,7 @@ class Store:
                 row = self.db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
                 if row is None:
                     raise UsageError(f"no job {job_id}: see `gpusched status` for job ids")
-                if waiting_out(row, now):
+                if waiting_out(row["state"], row["not_before"], now):
                     t = row["tier"] if tier is None else tier
                     self.db.execute(
                         "UPDATE jobs SET not_before = NULL, tier = ?, updated_at = ? WHERE id = ?",
@@ -921,11 +921,6 @@ class Store:
                 self._requeue_finished(row, None, tier=t, now=now, why=why, fresh=again)
         jobs = [self.job(job_id) for job_id in tiers]
         return [j for j in jobs if j is not None]
-
-    def waiting(self, ids: Sequence[str], now: float) -> set[str]:
-        """Those of ``ids`` queued and waiting out a backoff at ``now``."""
-        rows = (self.db.execute("SELECT * FROM jobs WHERE id = ?", (j,)).fetchone() for j in ids)
-        return {row["id"] for row in rows if row is not None and waiting_out(row, now)}
 
     def set_waits(self, waits: dict[str, str]) -> None:
         """Store why queued jobs wait; writes only reasons that changed."""
