@@ -1,6 +1,7 @@
 """Telling the user while the night runs: a plan's ``notify:`` command, which the daemon runs
 when one of the suite's jobs fails for good, when a GPU is taken out of service under one of
-its jobs, when launches start to wait for the machine (a disk nearly full) while it has jobs
+its jobs, when jobs end for a disk that filled up or a network that failed (and wait to run
+again), when launches start to wait for the machine (a disk nearly full) while it has jobs
 queued or running, and when the suite's last job ends.
 
 What happened is read from the store's ``events`` (every transition writes one), after a
@@ -12,8 +13,9 @@ rather than sending it twice). :func:`notices` turns events into notices and tou
 
 The command runs in the background with ``sh``, in the suite's workdir, in the environment
 of the shell that submitted it, plus ``GPUSCHED_EVENT`` (``failed``, ``gpu_out``,
-``waiting`` or ``done``), ``GPUSCHED_SUITE``, ``GPUSCHED_JOB_ID`` (the job's, for ``failed``
-and ``gpu_out``; else empty) and ``GPUSCHED_MESSAGE`` (one line). Values reach it as
+``disk_full``, ``network``, ``waiting`` or ``done``), ``GPUSCHED_SUITE``, ``GPUSCHED_JOB_ID``
+(the job's, for ``failed`` and ``gpu_out``, the first job's for ``disk_full`` and ``network``;
+else empty) and ``GPUSCHED_MESSAGE`` (one line). Values reach it as
 variables, never pasted into the command text, so a message with quotes in it cannot change
 what runs. Its output goes to ``notify.log`` in the state directory, after a line naming the
 notice.
@@ -31,12 +33,20 @@ from msgspec import Struct
 from gpusched import proc
 from gpusched.disk import LAUNCH_WAIT_FLAG
 from gpusched.home import Home
+from gpusched.model import Outcome
+from gpusched.outcome import MACHINE_WAIT_S
 from gpusched.store import Store
 
 log = logging.getLogger(__name__)
 
-#: Event kinds that can make a notice: a job failed, ended otherwise, a card out of service.
-KINDS = ("fail", "done", "cancel", "gpu_out")
+#: Event kinds that can make a notice: a job failed, ended otherwise, a card out of service,
+#: a job requeued (news only when the machine ended it: :data:`MACHINE`).
+KINDS = ("fail", "done", "cancel", "gpu_out", "requeue")
+#: The outcomes of a requeue that a person can mend and would want to hear of: a disk that
+#: filled up (every running job dies at its next save), a network that failed. Each suite hears
+#: of each at most once in :data:`outcome.MACHINE_WAIT_S <gpusched.outcome.MACHINE_WAIT_S>`
+#: (the wait before such a job runs again), however many of its jobs it ended.
+MACHINE = (Outcome.DISK_FULL.value, Outcome.NETWORK.value)
 #: Where the cursor (the last event looked at) is kept, as a store flag.
 CURSOR_FLAG = "notify_cursor"
 #: The cursor is saved at least this often when nothing is sent (and always before a send).
@@ -52,24 +62,27 @@ SCRIPT = (
 
 
 class Notice(Struct, frozen=True, kw_only=True):
-    event: str  # failed, gpu_out, waiting or done
+    event: str  # failed, gpu_out, disk_full, network, waiting or done
     suite: str
     job_id: str  # "" for waiting and done
     message: str
 
 
 def notices(
-    events: Sequence[tuple[int, str | None, str, str]],
+    events: Sequence[tuple[int, str | None, str, str, str | None]],
     *,
     ended: Callable[[str], bool],
     counts: Callable[[str], dict[str, int]],
 ) -> list[Notice]:
-    """The notices of ``events`` (``(id, job_id, kind, message)``, in order): each job that
-    failed, each card taken out of service under a job, then each suite that one of these
-    events ended (``ended``: it has no job queued or running now), with its jobs by state."""
+    """The notices of ``events`` (``(id, job_id, kind, message, outcome)``, in order): each job
+    that failed, each card taken out of service under a job, one notice for each suite and
+    outcome of :data:`MACHINE` that requeued its jobs (the first job's reason, and how many
+    more), then each suite that one of these events ended (``ended``: it has no job queued or
+    running now), with its jobs by state."""
     out: list[Notice] = []
     touched: list[str] = []
-    for _, job_id, kind, message in events:
+    machine: dict[tuple[str, str], list[tuple[str, str]]] = {}  # (suite, outcome) -> (job, reason)s
+    for _, job_id, kind, message, outcome in events:
         if not job_id:
             continue  # a card found broken with no job on it: no suite to tell
         suite = job_id.split("/", 1)[0]
@@ -79,8 +92,14 @@ def notices(
         elif kind == "gpu_out":
             said = f"{message} (under {job_id})"
             out.append(Notice(event="gpu_out", suite=suite, job_id=job_id, message=said))
+        elif kind == "requeue" and outcome in MACHINE:
+            machine.setdefault((suite, outcome), []).append((job_id, message))
         if suite not in touched:
             touched.append(suite)
+    for (suite, outcome), requeued in machine.items():
+        (first, said), more = requeued[0], len({j for j, _ in requeued}) - 1
+        who = f"{first} and {more} more of {suite}" if more else first
+        out.append(Notice(event=outcome, suite=suite, job_id=first, message=f"{who}: {said}"))
     for suite in touched:
         if ended(suite):
             c = counts(suite)
@@ -111,6 +130,7 @@ class Notifier:
         self.saved_at = float("-inf") if not saved else clock()
         self.saved = self.cursor if saved else -1
         self.waiting = store.flag(LAUNCH_WAIT_FLAG) is not None  # launches already waiting: not news
+        self.told_at: dict[tuple[str, str], float] = {}  # (suite, disk_full|network) -> when last told
 
     def check(self) -> list[Notice]:
         """Send what happened since the last check; the notices sent."""
@@ -123,6 +143,7 @@ class Notifier:
             if events
             else []
         )
+        found = [n for n in found if self._news(n)]
         found += self._waits()
         todo: list[tuple[Notice, tuple[str, str, str | None]]] = []
         targets: dict[str, tuple[str, str, str | None] | None] = {}
@@ -137,6 +158,18 @@ class Notifier:
         for n, target in todo:
             self._run(n, *target)
         return [n for n, _ in todo]
+
+    def _news(self, n: Notice) -> bool:
+        """False for a ``disk_full`` or ``network`` notice of a suite told of the same within
+        :data:`MACHINE_WAIT_S`: the jobs it requeued have not run again yet, so a second is
+        the same news (a full disk ends every running job, one after another, as each saves)."""
+        if n.event not in MACHINE:
+            return True
+        now, key = self.clock(), (n.suite, n.event)
+        if now - self.told_at.get(key, float("-inf")) < MACHINE_WAIT_S:
+            return False
+        self.told_at[key] = now
+        return True
 
     def _waits(self) -> list[Notice]:
         """A ``waiting`` notice for each suite with jobs queued or running, once when launches

@@ -448,12 +448,19 @@ class Store:
         sql = "SELECT util_pct FROM gpu_samples WHERE at BETWEEN ? AND ? AND gpu = ? AND util_pct IS NOT NULL"
         return [r[0] for r in self.db.execute(sql, (start, end, gpu))]
 
-    def events_after(self, event_id: int, kinds: Collection[str]) -> list[tuple[int, str | None, str, str]]:
-        """``(id, job_id, kind, message)`` of the events after ``event_id`` of these ``kinds``,
-        in order (a walk of the newest rows: ids only grow)."""
+    def events_after(
+        self, event_id: int, kinds: Collection[str]
+    ) -> list[tuple[int, str | None, str, str, str | None]]:
+        """``(id, job_id, kind, message, outcome)`` of the events after ``event_id`` of these
+        ``kinds``, in order (a walk of the newest rows: ids only grow). ``outcome``: the job's
+        latest, which a ``requeue`` event was written with (None for events of no job)."""
         marks = ",".join("?" * len(kinds))
-        sql = f"SELECT id, job_id, kind, message FROM events WHERE id > ? AND kind IN ({marks}) ORDER BY id"
-        return [(r[0], r[1], r[2], r[3]) for r in self.db.execute(sql, (event_id, *kinds))]
+        sql = (
+            "SELECT e.id, e.job_id, e.kind, e.message, j.outcome"
+            " FROM events e LEFT JOIN jobs j ON j.id = e.job_id"
+            f" WHERE e.id > ? AND e.kind IN ({marks}) ORDER BY e.id"
+        )
+        return [(r[0], r[1], r[2], r[3], r[4]) for r in self.db.execute(sql, (event_id, *kinds))]
 
     def last_event_id(self) -> int:
         return self.db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]

@@ -113,9 +113,10 @@ def test_a_suite_whose_working_directory_is_gone_is_still_told_so(tmp_path: Path
 
 def test_a_card_out_of_service_under_a_job_is_told_and_one_with_no_job_is_not() -> None:
     events = [
-        (7, "E1/3-rte", "gpu_out", "GPU 3 out of service: uncorrectable ECC error encountered"),
-        (8, None, "gpu_out", "GPU 5 out of service: the driver finds the card gone"),
-        (9, "E1/3-rte", "requeue", "requeued at A elsewhere"),  # (not a kind that is read)
+        (7, "E1/3-rte", "gpu_out", "GPU 3 out of service: uncorrectable ECC error encountered", "gpu_fault"),
+        (8, None, "gpu_out", "GPU 5 out of service: the driver finds the card gone", None),
+        (9, "E1/3-rte", "requeue", "requeued at A elsewhere", "gpu_fault"),  # (the gpu_out says it)
+        (10, "E1/4-rte", "requeue", "CUDA out of memory → requeued at tier B", "oom"),  # the ladder: no news
     ]
     told = notify.notices(events, ended=lambda suite: False, counts=lambda suite: {})
     assert told == [
@@ -150,3 +151,54 @@ def test_launches_that_start_to_wait_for_the_machine_are_told_once_a_pause(tmp_p
     box.store.set_flag(LAUNCH_WAIT_FLAG, low)
     assert [n.event for n in notifier.check()] == ["waiting"]  # a new pause
     assert [s[0] for s in spawned.sent] == ["waiting", "waiting"]
+
+
+def test_a_full_disk_is_told_once_a_wait_however_many_jobs_it_ended(tmp_path: Path) -> None:
+    """Checkpoints fill the disk at 2 a.m.: each running job dies at its next save and waits 5
+    minutes to run again. The suite hears of it at once, in one notice naming the first job, its
+    reason and how many more, and not again while those jobs wait; a failed network is told
+    apart, and an OOM walking down the ladder stays no news."""
+    from gpusched.outcome import MACHINE_WAIT_S
+
+    box = night(tmp_path, n=3)
+    (tmp_path / "home").mkdir()
+    spawned, clock = Spawned(), [100.0]
+    notifier = notify.Notifier(box.store, Home(tmp_path / "home"), spawn=spawned, clock=lambda: clock[0])
+    box.tick()
+    full = "OSError: [Errno 28] No space left on device: '/data/ckpt/step-900'\n"
+    for job_id in ("E1/0-qnli", "E1/1-qnli"):
+        box.ex.finish(box.ex.token_of(job_id), exit_code=1, output=full)
+    box.ex.finish(
+        box.ex.token_of("E1/2-qnli"), exit_code=1, output="torch.OutOfMemoryError: CUDA out of memory.\n"
+    )
+    box.tick()
+    told = notifier.check()
+    assert [(n.event, n.job_id) for n in told] == [("disk_full", "E1/0-qnli")]
+    assert told[0].message.startswith(
+        "E1/0-qnli and 1 more of E1: the disk filled up, requeued at tier A in 300 s"
+    )
+    assert told[0].message.endswith("No space left on device: '/data/ckpt/step-900'")
+    assert spawned.sent == [("disk_full", "E1", "E1/0-qnli", told[0].message)]
+
+    box.ex.finish(box.ex.token_of("E1/2-qnli"), exit_code=1, output=full)  # (its tier-B run)
+    box.tick()
+    assert notifier.check() == []  # the same full disk, within the wait
+    clock[0] += MACHINE_WAIT_S
+    box.store.retry_many(
+        {"E1/0-qnli": None}, now=box.now
+    )  # the disk freed, the job run again at once: it fills again
+    box.tick()
+    box.ex.finish(box.ex.token_of("E1/0-qnli"), exit_code=1, output=full)
+    box.tick()
+    assert [(n.event, n.message.split(":")[0]) for n in notifier.check()] == [("disk_full", "E1/0-qnli")]
+
+    box.store.retry_many({"E1/1-qnli": None}, now=box.now)
+    box.tick()
+    box.ex.finish(
+        box.ex.token_of("E1/1-qnli"),
+        exit_code=1,
+        output="requests.exceptions.ConnectionError: "
+        "HTTPSConnectionPool(host='huggingface.co', port=443): Max retries exceeded\n",
+    )
+    box.tick()
+    assert [n.event for n in notifier.check()] == ["network"]  # another news, however soon
