@@ -88,6 +88,15 @@ class AttemptPaths(Struct, frozen=True):
         """When output.log last grew (its mtime), or None before the job wrote anything."""
         return _mtime(self.output)
 
+    def output_seen(self) -> tuple[float | None, int]:
+        """(when output.log last grew, its size in bytes) from one stat: (None, 0) before the
+        job wrote anything."""
+        try:
+            st = os.stat(self.output)
+        except OSError:
+            return None, 0
+        return st.st_mtime, st.st_size
+
     def read_runtime(self) -> dict[str, Any]:
         return _read_json(self.runtime) or {}
 

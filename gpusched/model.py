@@ -156,10 +156,17 @@ class RetryPolicy(Struct, frozen=True, kw_only=True):
 
 class Limits(Struct, frozen=True, kw_only=True):
     """When gpusched stops an attempt itself (SIGTERM, then SIGKILL): ``time_s`` after it
-    started, or once its log has not grown for ``silence_s`` (taken as hung). None: no limit."""
+    started, once its log has not grown for ``silence_s`` (taken as hung), or once its log
+    holds more than ``output_mib`` (a runaway print would fill the disk under every job).
+    None: no limit."""
 
     time_s: float | None = None
     silence_s: float | None = None
+    output_mib: int | None = None
+
+    @property
+    def any(self) -> bool:
+        return self.time_s is not None or self.silence_s is not None or self.output_mib is not None
 
 
 class Suite(Struct, frozen=True, kw_only=True):

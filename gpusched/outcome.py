@@ -514,11 +514,12 @@ def past_limit(
     output_at: float | None,
     now: float,
     away_since: Callable[[float], float] = lambda _t: 0.0,
+    output_bytes: int = 0,
 ) -> str | None:
     """Why an attempt started at ``started_at`` (its wrapper's start), whose log last grew at
-    ``output_at`` (None: never), is past its suite's ``limits`` at ``now``; None while it is not.
-    ``away_since(t)``: the seconds since ``t`` that the machine slept (none of them count).
-    The time limit is checked first."""
+    ``output_at`` (None: never) and holds ``output_bytes``, is past its suite's ``limits`` at
+    ``now``; None while it is not. ``away_since(t)``: the seconds since ``t`` that the machine
+    slept (none of them count). The time limit is checked first, the log's size last."""
     if limits.time_s is not None and now - started_at - away_since(started_at) >= limits.time_s:
         return f"ran past its time limit of {duration_text(limits.time_s)} (limits.time)"
     if limits.silence_s is not None:
@@ -526,7 +527,18 @@ def past_limit(
         quiet_s = now - quiet_from - away_since(quiet_from)
         if quiet_s >= limits.silence_s:
             return f"printed nothing for {duration_text(limits.silence_s)}, taken as hung (limits.silence)"
+    if limits.output_mib is not None and output_bytes > limits.output_mib << 20:
+        wrote, most = size_text(output_bytes >> 20), size_text(limits.output_mib)
+        return f"wrote {wrote} to its output.log, more than its limit of {most} (limits.output)"
     return None
+
+
+def size_text(mib: int) -> str:
+    """``512`` -> ``512 MiB``, ``2048`` -> ``2.0 GiB``, ``3 << 20`` -> ``3.0 TiB``."""
+    for shift, unit in ((20, "TiB"), (10, "GiB")):
+        if mib >= 1 << shift:
+            return f"{mib / (1 << shift):.1f} {unit}"
+    return f"{mib} MiB"
 
 
 def duration_text(seconds: float) -> str:

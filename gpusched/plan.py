@@ -402,11 +402,13 @@ def _retry(w: yf.Where, value: Any) -> RetryPolicy:
 
 
 def _limits(w: yf.Where, value: Any) -> Limits:
-    example = "limits: {time: 6h, silence: 30m}"
+    example = "limits: {time: 6h, silence: 30m, output: 2GiB}"
     mapping = yf.mapping(w, value, example)
-    yf.check_keys(w, mapping, ("time", "silence"))
+    yf.check_keys(w, mapping, ("time", "silence", "output"))
     time_s, silence_s = (
         None if mapping.get(key) is None else yf.duration(w.at(key), mapping[key], example)
         for key in ("time", "silence")
     )
-    return Limits(time_s=time_s, silence_s=silence_s)
+    output = mapping.get("output")
+    output_mib = None if output is None else yf.size_mib(w.at("output"), output, example)
+    return Limits(time_s=time_s, silence_s=silence_s, output_mib=output_mib)

@@ -437,26 +437,29 @@ class Scheduler:
 
     def _check_limits(self, live: list[AttemptRow], now: float) -> None:
         """Record (in the store, so that a restarted daemon still knows) the running attempts
-        that passed their suite's ``limits``: ``time`` since their wrapper started, or
-        ``silence``, no growth of output.log for that long (taken as hung). An attempt whose
-        wrapper has not started yet (a Slurm job still pending) has used none of either."""
+        that passed their suite's ``limits``: ``time`` since their wrapper started,
+        ``silence``, no growth of output.log for that long (taken as hung), or ``output``, an
+        output.log larger than that. An attempt whose wrapper has not started yet (a Slurm job
+        still pending) has used none of them."""
         for a in live:
             if a.state is not AttemptState.RUNNING or a.id in self._stops:
                 continue
             suite = self._suite(a.job_id.partition("/")[0])
             limits = suite.suite.limits if suite else None
-            if limits is None or (limits.time_s is None and limits.silence_s is None):
+            if limits is None or not limits.any:
                 continue
             paths = AttemptPaths(Path(a.dir))
             started = paths.read_pid()
             if started is None:
                 continue
+            output_at, output_bytes = paths.output_seen()
             why = outcome.past_limit(
                 limits,
                 started_at=started[1],
-                output_at=paths.output_at(),
+                output_at=output_at,
                 now=now,
                 away_since=self._away_since,
+                output_bytes=output_bytes,
             )
             if why is not None:
                 self.store.stop_attempt(a.id, a.job_id, why, now=now)

@@ -112,6 +112,22 @@ def duration(w: Where, value: Any, example: str) -> float:
     return seconds
 
 
+_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt])i?b", re.IGNORECASE)
+_SIZE_SHIFT = {"k": -10, "m": 0, "g": 10, "t": 20}  # to MiB
+
+
+def size_mib(w: Where, value: Any, example: str) -> int:
+    """MiB from text such as ``500MiB``, ``2GiB``, ``2GB``, ``1TiB`` (a unit is required: a bare
+    number could mean bytes or MiB); at least 1 MiB. KB and KiB, MB and MiB... read alike."""
+    m = _SIZE_RE.fullmatch(value.strip()) if isinstance(value, str) else None
+    mib = None if m is None else float(m.group(1)) * 2.0 ** _SIZE_SHIFT[m.group(2).lower()]
+    if mib is None or not 1 <= mib < 2**53:
+        raise w.error(
+            f"must be a size of at least 1 MiB, like 500MiB or 2GiB, got {show(value)}", f"e.g. {example}"
+        )
+    return int(mib)
+
+
 def boolean(w: Where, value: Any) -> bool:
     if not isinstance(value, bool):
         raise w.error(f"must be true or false, got {show(value)}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -399,6 +400,33 @@ def test_a_hung_job_is_stopped_at_its_silence_limit_and_the_queue_goes_on(
     assert run_cli("wait", "--suite", "quiet", cwd=project, timeout=60).returncode == 1  # one failed
     assert states(gs_home, "quiet") == {"hung": "failed", "talks": "succeeded", "next": "succeeded"}
     assert dead(wrapper_pid(gs_home, "quiet/hung")[0])
+
+
+def test_a_runaway_log_is_stopped_at_its_output_limit_and_the_job_beside_it_runs_on(
+    gs_home: Path, project: Path
+) -> None:
+    """A job that prints 64 KiB lines without end (a warning in a tight loop) is stopped once its
+    output.log passes `limits.output` and fails as a timeout; the job beside it, printing a line
+    now and then, runs on and succeeds. Real wrapper, real log, the real daemon's ticks."""
+    runaway = "s=x; for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16; do s=$s$s; done; "
+    runaway += 'while :; do printf "%s\\n" "$s"; sleep 0.02; done'
+    script = f'case "$GPUSCHED_JOB_ID" in */runaway) {runaway};; esac; echo step; {WAIT_FOR_GO}'
+    write_plan(project, "loud", script, ["runaway", "calm"], limits={"output": "1MiB"})
+    run_cli(
+        "submit", "--suite", "loud", "--gpu-plan", "1,1", "--backend", "subprocess", cwd=project, env=FAKE
+    )
+    retry_until(lambda: states(gs_home, "loud")["runaway"] == "failed", timeout=60)
+    job = store(gs_home).job("loud/runaway")
+    assert job is not None and job.outcome == "timeout"
+    assert re.fullmatch(
+        r"wrote \d+ MiB to its output\.log, more than its limit of 1 MiB \(limits\.output\)", job.reason
+    )
+    log = Path(store(gs_home).attempts("loud/runaway")[-1].dir) / "output.log"
+    assert log.stat().st_size > 1 << 20
+    assert states(gs_home, "loud")["calm"] == "running"
+    (project / "go").touch()
+    assert run_cli("wait", "--suite", "loud", cwd=project, timeout=60).returncode == 1  # one failed
+    assert states(gs_home, "loud") == {"runaway": "failed", "calm": "succeeded"}
 
 
 def test_a_broken_gpu_goes_out_of_service_and_does_not_take_the_queue_down(

@@ -1,4 +1,4 @@
-"""A suite's ``limits`` (time, silence): parsed from the plan, judged by a pure rule, enforced
+"""A suite's ``limits`` (time, silence, output): parsed from the plan, judged by a pure rule, enforced
 by the scheduler (SIGTERM, SIGKILL after the grace, reaped as ``timeout``) and remembered in
 the store across a daemon restart; shown by status while it happens."""
 
@@ -43,6 +43,9 @@ def test_limits_read_durations_in_seconds_or_with_units(tmp_path: Path) -> None:
     assert load(tmp_path, MINIMAL + "limits: {silence: 2d}\n").limits == Limits(silence_s=172800.0)
     assert load(tmp_path, MINIMAL + "limits: {time: 0.5s}\n").limits == Limits(time_s=0.5)
     assert load(tmp_path, MINIMAL).limits == Limits()  # none by default: nothing is ever stopped
+    assert load(tmp_path, MINIMAL + "limits: {output: 2GiB}\n").limits == Limits(output_mib=2048)
+    assert load(tmp_path, MINIMAL + "limits: {output: 500 MB}\n").limits == Limits(output_mib=500)
+    assert load(tmp_path, MINIMAL + "limits: {output: 1.5tib}\n").limits == Limits(output_mib=3 << 19)
 
 
 @pytest.mark.parametrize(
@@ -61,12 +64,21 @@ def test_limits_read_durations_in_seconds_or_with_units(tmp_path: Path) -> None:
         ("limits: {time: h}\n", ("limits.time: must be a duration",)),
         (
             "limits: {timeout: 1h}\n",
-            ("plans/s.yaml: limits.timeout: unknown key", "allowed keys here: time, silence"),
+            ("plans/s.yaml: limits.timeout: unknown key", "allowed keys here: time, silence, output"),
         ),
         (
             "limits: 6h\n",
-            ("plans/s.yaml: limits: must be a mapping", "e.g. limits: {time: 6h, silence: 30m}"),
+            (
+                "plans/s.yaml: limits: must be a mapping",
+                "e.g. limits: {time: 6h, silence: 30m, output: 2GiB}",
+            ),
         ),
+        (  # a bare number: bytes or MiB?
+            "limits: {output: 2048}\n",
+            ("plans/s.yaml: limits.output: must be a size of at least 1 MiB, like 500MiB or 2GiB, got 2048",),
+        ),
+        ("limits: {output: 2 gigs}\n", ("limits.output: must be a size", "'2 gigs'")),
+        ("limits: {output: 100KiB}\n", ("limits.output: must be a size of at least 1 MiB",)),
     ],
 )
 def test_a_bad_limit_is_one_line_naming_the_key(tmp_path: Path, body: str, needles: tuple[str, ...]) -> None:
@@ -312,4 +324,28 @@ def test_time_the_machine_slept_counts_for_no_limit(world: World, tmp_path: Path
     world.tick()
     assert (world.store.job("E1/0-task") or pytest.fail()).reason == (
         "printed nothing for 10m, taken as hung (limits.silence)"
+    )
+
+
+def test_a_job_whose_log_grows_past_its_output_limit_is_stopped_before_it_fills_the_disk(
+    world: World, tmp_path: Path
+) -> None:
+    """A print left in a tight loop writes gigabytes an hour; on a full disk every job of the
+    night dies at its next save. With ``limits.output`` that job is stopped as it passes the
+    size (a sparse file here: its size, none of the disk), and the job beside it runs on."""
+    world.submit(replace(limited(tmp_path, output_mib=1024), jobs=make_suite(tmp_path, n=2).jobs))
+    world.tick()
+    runaway = wrapper_started(world, "E1/0-task", at=101, output_at=150)
+    wrapper_started(world, "E1/1-task", at=101, output_at=150)
+    os.truncate(runaway.output, 1 << 30)  # exactly the limit: not past it
+    world.tick()
+    assert world.ex.terminated == []
+    os.truncate(runaway.output, (3 << 30) // 2)
+    world.tick()
+    world.tick()
+    assert world.state("E1/0-task") is JobState.FAILED and world.state("E1/1-task") is JobState.RUNNING
+    job = world.store.job("E1/0-task") or pytest.fail()
+    assert (job.outcome, job.reason) == (
+        "timeout",
+        "wrote 1.5 GiB to its output.log, more than its limit of 1.0 GiB (limits.output)",
     )
