@@ -2,7 +2,9 @@
 when one of the suite's jobs fails for good, when a GPU is taken out of service under one of
 its jobs, when jobs end for a disk that filled up or a network that failed (and wait to run
 again), when launches start to wait for the machine (a disk nearly full) while it has jobs
-queued or running, and when the suite's last job ends.
+queued or running, and when the suite's last job ends. The same news of a suite (a failure
+with the same reason, a full disk) is one notice, however many jobs it ended, and is not told
+again for :data:`QUIET_S`.
 
 What happened is read from the store's ``events`` (every transition writes one), after a
 cursor: whatever moved a job (a reap, a failed launch, a ``cancel`` from another shell) is
@@ -34,7 +36,6 @@ from gpusched import proc
 from gpusched.disk import LAUNCH_WAIT_FLAG
 from gpusched.home import Home
 from gpusched.model import Outcome
-from gpusched.outcome import MACHINE_WAIT_S
 from gpusched.store import Store
 
 log = logging.getLogger(__name__)
@@ -43,10 +44,13 @@ log = logging.getLogger(__name__)
 #: a job requeued (news only when the machine ended it: :data:`MACHINE`).
 KINDS = ("fail", "done", "cancel", "gpu_out", "requeue")
 #: The outcomes of a requeue that a person can mend and would want to hear of: a disk that
-#: filled up (every running job dies at its next save), a network that failed. Each suite hears
-#: of each at most once in :data:`outcome.MACHINE_WAIT_S <gpusched.outcome.MACHINE_WAIT_S>`
-#: (the wait before such a job runs again), however many of its jobs it ended.
+#: filled up (every running job dies at its next save), a network that failed.
 MACHINE = (Outcome.DISK_FULL.value, Outcome.NETWORK.value)
+#: A suite hears of the same news at most once in this long: a failure with the same reason (a
+#: missing module fails every job within a minute), a full disk or a failed network (which
+#: ends every running job, one after another; the jobs it requeued wait this long to run again).
+#: Jobs the same news ended meanwhile are counted in the next such notice ("and 39 more").
+QUIET_S = 300.0
 #: Where the cursor (the last event looked at) is kept, as a store flag.
 CURSOR_FLAG = "notify_cursor"
 #: The cursor is saved at least this often when nothing is sent (and always before a send).
@@ -64,8 +68,26 @@ SCRIPT = (
 class Notice(Struct, frozen=True, kw_only=True):
     event: str  # failed, gpu_out, disk_full, network, waiting or done
     suite: str
-    job_id: str  # "" for waiting and done
+    job_id: str  # "" for waiting and done; the first job's for news of several
     message: str
+    what: str = ""  # failed, disk_full, network: the reason, told once a QUIET_S for the suite
+    more: int = 0  # how many other jobs of the suite it ended
+
+    def counting(self, held: int) -> Notice:
+        """This notice, also counting ``held`` more jobs (ended by the same, not told yet)."""
+        return Notice(
+            event=self.event,
+            suite=self.suite,
+            job_id=self.job_id,
+            message=_said(self.event, self.suite, self.job_id, self.more + held, self.what),
+            what=self.what,
+            more=self.more + held,
+        )
+
+
+def _said(event: str, suite: str, first: str, more: int, what: str) -> str:
+    who = f"{first} and {more} more of {suite}" if more else first
+    return f"{who} failed: {what}" if event == "failed" else f"{who}: {what}"
 
 
 def notices(
@@ -74,32 +96,32 @@ def notices(
     ended: Callable[[str], bool],
     counts: Callable[[str], dict[str, int]],
 ) -> list[Notice]:
-    """The notices of ``events`` (``(id, job_id, kind, message, outcome)``, in order): each job
-    that failed, each card taken out of service under a job, one notice for each suite and
-    outcome of :data:`MACHINE` that requeued its jobs (the first job's reason, and how many
-    more), then each suite that one of these events ended (``ended``: it has no job queued or
-    running now), with its jobs by state."""
+    """The notices of ``events`` (``(id, job_id, kind, message, outcome)``, in order): the jobs
+    that failed, one notice for each suite and reason (the first job, and how many more); each
+    card taken out of service under a job; one notice for each suite and outcome of
+    :data:`MACHINE` that requeued its jobs (the first job's reason, and how many more); then
+    each suite that one of these events ended (``ended``: it has no job queued or running
+    now), with its jobs by state."""
     out: list[Notice] = []
     touched: list[str] = []
-    machine: dict[tuple[str, str], list[tuple[str, str]]] = {}  # (suite, outcome) -> (job, reason)s
+    news: dict[tuple[str, str, str], list[tuple[str, str]]] = {}  # (event, suite, key) -> (job, what)s
     for _, job_id, kind, message, outcome in events:
         if not job_id:
             continue  # a card found broken with no job on it: no suite to tell
         suite = job_id.split("/", 1)[0]
         if kind == "fail":
-            said = f"{job_id} failed: {message}"
-            out.append(Notice(event="failed", suite=suite, job_id=job_id, message=said))
+            news.setdefault(("failed", suite, message), []).append((job_id, message))
         elif kind == "gpu_out":
             said = f"{message} (under {job_id})"
             out.append(Notice(event="gpu_out", suite=suite, job_id=job_id, message=said))
-        elif kind == "requeue" and outcome in MACHINE:
-            machine.setdefault((suite, outcome), []).append((job_id, message))
+        elif kind == "requeue" and outcome in MACHINE:  # its reason names the attempt: one key
+            news.setdefault((outcome, suite, ""), []).append((job_id, message))
         if suite not in touched:
             touched.append(suite)
-    for (suite, outcome), requeued in machine.items():
-        (first, said), more = requeued[0], len({j for j, _ in requeued}) - 1
-        who = f"{first} and {more} more of {suite}" if more else first
-        out.append(Notice(event=outcome, suite=suite, job_id=first, message=f"{who}: {said}"))
+    for (event, suite, _), ended_by in news.items():
+        (first, what), more = ended_by[0], len({j for j, _ in ended_by}) - 1
+        said = _said(event, suite, first, more, what)
+        out.append(Notice(event=event, suite=suite, job_id=first, message=said, what=what, more=more))
     for suite in touched:
         if ended(suite):
             c = counts(suite)
@@ -130,7 +152,8 @@ class Notifier:
         self.saved_at = float("-inf") if not saved else clock()
         self.saved = self.cursor if saved else -1
         self.waiting = store.flag(LAUNCH_WAIT_FLAG) is not None  # launches already waiting: not news
-        self.told_at: dict[tuple[str, str], float] = {}  # (suite, disk_full|network) -> when last told
+        self.told_at: dict[tuple[str, str, str], float] = {}  # (suite, event, what) -> when last told
+        self.held: dict[tuple[str, str, str], int] = {}  # ... -> jobs it ended since, not told yet
 
     def check(self) -> list[Notice]:
         """Send what happened since the last check; the notices sent."""
@@ -143,7 +166,7 @@ class Notifier:
             if events
             else []
         )
-        found = [n for n in found if self._news(n)]
+        found = [n for n0 in found if (n := self._news(n0)) is not None]
         found += self._waits()
         todo: list[tuple[Notice, tuple[str, str, str | None]]] = []
         targets: dict[str, tuple[str, str, str | None] | None] = {}
@@ -159,17 +182,20 @@ class Notifier:
             self._run(n, *target)
         return [n for n, _ in todo]
 
-    def _news(self, n: Notice) -> bool:
-        """False for a ``disk_full`` or ``network`` notice of a suite told of the same within
-        :data:`MACHINE_WAIT_S`: the jobs it requeued have not run again yet, so a second is
-        the same news (a full disk ends every running job, one after another, as each saves)."""
-        if n.event not in MACHINE:
-            return True
-        now, key = self.clock(), (n.suite, n.event)
-        if now - self.told_at.get(key, float("-inf")) < MACHINE_WAIT_S:
-            return False
+    def _news(self, n: Notice) -> Notice | None:
+        """``n``, or None when its suite was told the same within :data:`QUIET_S` (a failure
+        with the same reason, a full disk, a failed network): its jobs are then counted in
+        the next such notice. Other notices are always news."""
+        if n.event != "failed" and n.event not in MACHINE:
+            return n
+        now = self.clock()
+        key = (n.suite, n.event, n.what if n.event == "failed" else "")
+        if now - self.told_at.get(key, float("-inf")) < QUIET_S:
+            self.held[key] = self.held.get(key, 0) + 1 + n.more
+            return None
         self.told_at[key] = now
-        return True
+        held = self.held.pop(key, 0)
+        return n.counting(held) if held else n
 
     def _waits(self) -> list[Notice]:
         """A ``waiting`` notice for each suite with jobs queued or running, once when launches

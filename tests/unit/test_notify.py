@@ -190,7 +190,8 @@ def test_a_full_disk_is_told_once_a_wait_however_many_jobs_it_ended(tmp_path: Pa
     box.tick()
     box.ex.finish(box.ex.token_of("E1/0-qnli"), exit_code=1, output=full)
     box.tick()
-    assert [(n.event, n.message.split(":")[0]) for n in notifier.check()] == [("disk_full", "E1/0-qnli")]
+    told = notifier.check()  # with the job it ended while quiet: E1/2-qnli
+    assert [(n.event, n.message.split(":")[0]) for n in told] == [("disk_full", "E1/0-qnli and 1 more of E1")]
 
     box.store.retry_many({"E1/1-qnli": None}, now=box.now)
     box.tick()
@@ -202,3 +203,39 @@ def test_a_full_disk_is_told_once_a_wait_however_many_jobs_it_ended(tmp_path: Pa
     )
     box.tick()
     assert [n.event for n in notifier.check()] == ["network"]  # another news, however soon
+
+
+def test_the_same_failure_of_many_jobs_is_one_notice_not_one_a_job(tmp_path: Path) -> None:
+    """A missing module fails every job of the suite within a minute: a phone buzzing forty
+    times says no more than once. Jobs failing for the same reason are one notice (the first
+    job, and how many more), then none for that reason for QUIET_S, those jobs counted in the
+    next; another reason is news at once, and so is the suite's end."""
+    box = night(tmp_path, n=7)  # 3 run, 4 queued
+    (tmp_path / "home").mkdir()
+    spawned, clock = Spawned(), [100.0]
+    notifier = notify.Notifier(box.store, Home(tmp_path / "home"), spawn=spawned, clock=lambda: clock[0])
+    box.tick()
+    missing = "ModuleNotFoundError: No module named 'peft'\n"
+    for i in range(3):
+        box.ex.finish(box.ex.token_of(f"E1/{i}-qnli"), exit_code=1, output=missing)
+    box.tick()
+    assert [(n.event, n.job_id, n.message) for n in notifier.check()] == [
+        (
+            "failed",
+            "E1/0-qnli",
+            "E1/0-qnli and 2 more of E1 failed: ModuleNotFoundError: No module named 'peft'",
+        )
+    ]
+    for i in (3, 4):
+        box.ex.finish(box.ex.token_of(f"E1/{i}-qnli"), exit_code=1, output=missing)
+    box.ex.finish(box.ex.token_of("E1/5-qnli"), exit_code=1, output="ValueError: bad 'label' column\n")
+    box.tick()
+    assert [n.message for n in notifier.check()] == ["E1/5-qnli failed: ValueError: bad 'label' column"]
+    clock[0] += notify.QUIET_S
+    box.ex.finish(box.ex.token_of("E1/6-qnli"), exit_code=1, output=missing)
+    box.tick()
+    assert [(n.event, n.message) for n in notifier.check()] == [
+        ("failed", "E1/6-qnli and 2 more of E1 failed: ModuleNotFoundError: No module named 'peft'"),
+        ("done", "E1 done: 7 failed"),
+    ]
+    assert len(spawned.sent) == 4  # for seven failed jobs, and the end
