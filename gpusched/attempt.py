@@ -30,7 +30,10 @@ from gpusched.model import ExitRecord
 
 
 class AttemptPaths(Struct, frozen=True):
-    dir: Path
+    #: The attempt's folder. The daemon's hot path passes the text the store keeps and joins
+    #: names onto it with ``os.path``: a ``Path`` built, joined and turned back into text for
+    #: each file of each attempt was a tenth of a dispatch tick on Python 3.12.
+    dir: str | Path
 
     @classmethod
     def for_attempt(cls, logs_dir: str | Path, job_name: str, n: int, tier_name: str) -> AttemptPaths:
@@ -42,75 +45,81 @@ class AttemptPaths(Struct, frozen=True):
         that has just started, with that run's outcome, and start the next beside it) and its
         output.log would take this one's output; it is left as it is. One stat a launch;
         :func:`materialize` makes the directory only if it still does not exist."""
-        base = Path(logs_dir) / job_name / f"{n}-{tier_name}"
+        base = os.path.join(logs_dir, job_name, f"{n}-{tier_name}")
         path, k = base, 1
         while os.path.lexists(path):
             k += 1
-            path = base.with_name(f"{base.name}~{k}")
+            path = f"{base}~{k}"
         return cls(path)
 
     @property
     def config(self) -> Path:
-        return self.dir / "config.yaml"
+        return Path(self.dir, CONFIG)
 
     @property
     def launch(self) -> Path:
-        return self.dir / "launch.sh"
+        return Path(self.dir, LAUNCH)
 
     @property
     def output(self) -> Path:
-        return self.dir / "output.log"
+        return Path(self.dir, OUTPUT)
 
     @property
     def pid(self) -> Path:
-        return self.dir / "pid"
+        return Path(self.dir, PID)
 
     @property
     def exit(self) -> Path:
-        return self.dir / "exit.json"
+        return Path(self.dir, EXIT)
 
     @property
     def runtime(self) -> Path:
-        return self.dir / "runtime.json"
+        return Path(self.dir, RUNTIME)
+
+    def file(self, name: str) -> str:
+        """The path of one of the files above (:data:`OUTPUT`...) as text: no ``Path`` built."""
+        return os.path.join(self.dir, name)
 
     # ------------------------------------------------------------------ readers
 
     def read_pid(self) -> tuple[int, float] | None:
         """(pid, started_at) of the wrapper, or None before it started. The start time is the
         pid file's mtime (a wrapper of gpusched 0.1 wrote it after the pid)."""
+        pid = self.file(PID)
         try:
-            fields = self.pid.read_text().split()
-            return int(fields[0]), float(fields[1]) if len(fields) > 1 else self.pid.stat().st_mtime
+            with open(pid, "rb") as f:
+                fields = f.read().split()
+            return int(fields[0]), float(fields[1]) if len(fields) > 1 else os.stat(pid).st_mtime
         except (OSError, ValueError, IndexError):
             return None
 
     def output_at(self) -> float | None:
         """When output.log last grew (its mtime), or None before the job wrote anything."""
-        return _mtime(self.output)
+        return _mtime(self.file(OUTPUT))
 
     def output_seen(self) -> tuple[float | None, int]:
         """(when output.log last grew, its size in bytes) from one stat: (None, 0) before the
         job wrote anything."""
         try:
-            st = os.stat(self.output)
+            st = os.stat(self.file(OUTPUT))
         except OSError:
             return None, 0
         return st.st_mtime, st.st_size
 
     def read_runtime(self) -> dict[str, Any]:
-        return _read_json(self.runtime) or {}
+        return _read_json(self.file(RUNTIME)) or {}
 
     def read_exit(self) -> ExitRecord | None:
         """The exit record, merged with the in-job helper's report; None while running
         (or when the wrapper died before it could write one)."""
-        raw = _read_json(self.exit)
+        raw = _read_json(self.file(EXIT))
         if raw is None:
             return None
         rt = self.read_runtime()
         started, ended = raw.get("started_at"), raw.get("ended_at")
         if ended is None:  # the wrapper leaves the times to the kernel: the files' mtimes
-            ended = _mtime(self.exit)
-            started = started if started is not None else _mtime(self.pid)
+            ended = _mtime(self.file(EXIT))
+            started = started if started is not None else _mtime(self.file(PID))
         return ExitRecord(
             exit_code=_int(raw.get("exit_code")),
             signal=_int(raw.get("signal")),
@@ -124,7 +133,7 @@ class AttemptPaths(Struct, frozen=True):
     def log_tail(self, max_bytes: int = 16384) -> str:
         """The last ``max_bytes`` of output.log, decoded leniently ('' when absent)."""
         try:
-            with open(self.output, "rb") as f:
+            with open(self.file(OUTPUT), "rb") as f:
                 f.seek(0, os.SEEK_END)
                 size = f.tell()
                 f.seek(max(0, size - max_bytes))
@@ -140,7 +149,18 @@ class AttemptPaths(Struct, frozen=True):
         return ""
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+#: The attempt directory's files (see the module's docstring).
+CONFIG, LAUNCH, OUTPUT, PID, EXIT, RUNTIME = (
+    "config.yaml",
+    "launch.sh",
+    "output.log",
+    "pid",
+    "exit.json",
+    "runtime.json",
+)
+
+
+def _read_json(path: str | Path) -> dict[str, Any] | None:
     try:
         with open(path, "rb") as f:  # bytes: json detects UTF-8 itself, no text layer
             data = json.loads(f.read())
@@ -149,9 +169,9 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _mtime(path: Path) -> float | None:
+def _mtime(path: str | Path) -> float | None:
     try:
-        return path.stat().st_mtime
+        return os.stat(path).st_mtime
     except OSError:
         return None
 
@@ -261,13 +281,12 @@ def materialize(
 
     from gpusched import tiers
 
-    workdir = Path(suite.workdir)
     checkpoint = passed_over = withheld = None
     if suite.resume is not None:
         cfg0 = tiers.resolve(suite, job, tier_index).config
         out_dir = tiers.get_path(cfg0, tiers.split_key(suite.resume.output_dir_key))
         checkpoint, passed_over = find_checkpoint(
-            workdir, out_dir, suite.resume.checkpoint_glob, since=run_since
+            Path(suite.workdir), out_dir, suite.resume.checkpoint_glob, since=run_since
         )
         if checkpoint and passed_over and suite.resume.path_key is None:
             # only the flag: the trainer picks the checkpoint itself, by step number as a rule
@@ -275,7 +294,8 @@ def materialize(
             checkpoint, withheld = None, checkpoint
     resolved = tiers.resolve(suite, job, tier_index, checkpoint=checkpoint)
     tier = suite.tiers[tier_index]
-    adir, config = str(paths.dir), paths.config  # each spelled once: a launch is on the hot path
+    adir = os.fspath(paths.dir)  # text, each path spelled once: a launch is on the hot path
+    config = os.path.join(adir, CONFIG)
     try:  # never an existing directory (AttemptPaths.for_attempt): its files are another run's
         os.mkdir(adir)
     except FileNotFoundError:  # the job's first attempt: its folder too
@@ -314,7 +334,7 @@ def materialize(
     )
 
     fields = {
-        "config": str(config),
+        "config": config,
         "job": job.name,
         "suite": job.suite,
         "tier": tier.name,
@@ -332,8 +352,8 @@ def materialize(
         lines.append(f"[ -r {shlex.quote(env_file)} ] && . {shlex.quote(env_file)}")
     lines.append(_INJECTED)
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
-    lines += [f"cd {shlex.quote(str(workdir))} || exit 126", _COMMAND, command]
-    _write_fresh(paths.launch, "\n".join(lines) + "\n", mode=0o700)
+    lines += [f"cd {shlex.quote(suite.workdir)} || exit 126", _COMMAND, command]
+    _write_fresh(os.path.join(adir, LAUNCH), "\n".join(lines) + "\n", mode=0o700)
     return command
 
 
@@ -349,7 +369,7 @@ def _visible(gpu: int | None, uuid: str | None) -> str:
     return "" if gpu is None else str(gpu)
 
 
-def _write_fresh(path: Path, text: str, *, mode: int = 0o644) -> None:
+def _write_fresh(path: str, text: str, *, mode: int = 0o644) -> None:
     """Write a file of a new attempt directory in place. No temp file + rename (a quarter of
     a launch's cost): nothing reads these files before the wrapper starts, and a launch cut
     short is never started (a restarted daemon gives the job a new attempt directory)."""

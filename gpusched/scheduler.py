@@ -15,7 +15,6 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
-from pathlib import Path
 
 from msgspec import Struct, field
 from msgspec.structs import replace
@@ -270,7 +269,7 @@ class Scheduler:
     def _check(self, a: AttemptRow, now: float, cancelled: Collection[str]) -> Outcome | None:
         """Reap ``a`` if it ended; return its outcome, or None while it runs. ``cancelled``:
         the running jobs a user asked to cancel."""
-        paths = AttemptPaths(Path(a.dir))
+        paths = AttemptPaths(a.dir)
         exit_rec = paths.read_exit()
         if exit_rec is None or self._stopping(a, cancelled):
             ex = self.executors.get(a.backend)
@@ -289,7 +288,7 @@ class Scheduler:
         """Classify an ended attempt (``exit_rec`` None: vanished) and move its job on."""
         job = self.store.job(a.job_id)
         assert job is not None
-        paths = AttemptPaths(Path(a.dir))
+        paths = AttemptPaths(a.dir)
         failed = exit_rec is None or exit_rec.exit_code != 0 or exit_rec.oom_reported
         tail = paths.log_tail() if failed else ""
         stop = self._stops.get(a.id)
@@ -448,7 +447,7 @@ class Scheduler:
             limits = suite.suite.limits if suite else None
             if limits is None or not limits.any:
                 continue
-            paths = AttemptPaths(Path(a.dir))
+            paths = AttemptPaths(a.dir)
             started = paths.read_pid()
             if started is None:
                 continue
@@ -885,7 +884,7 @@ class Scheduler:
             gpu=p.gpu,
             gpu_uuid=gpu.uuid if gpu else None,
             backend=suite_row.backend,
-            dir=str(paths.dir),
+            dir=os.fspath(paths.dir),
             token=token,
             placement_reason=p.reason,
             predicted_mib=pred.mib,
@@ -909,7 +908,7 @@ class Scheduler:
             job_name=job.name,
             token=token,
             attempt_dir=paths.dir,
-            workdir=Path(suite.workdir),
+            workdir=suite.workdir,
             env=env,
             options=dict(self._suite(job.suite).options),  # type: ignore[union-attr]
         )
@@ -973,7 +972,7 @@ class Scheduler:
     def _reconcile_one(
         self, a: AttemptRow, found: dict[str, tuple[str, Handle]], unreachable: set[str], now: float
     ) -> str:
-        paths = AttemptPaths(Path(a.dir))
+        paths = AttemptPaths(a.dir)
         exit_rec = paths.read_exit()
         if exit_rec is not None:
             out = self.reap_attempt(a, exit_rec, now)

@@ -28,8 +28,8 @@ class LaunchRequest(Struct, frozen=True, kw_only=True):
     suite: str  # "E1" (tmux session name)
     job_name: str  # "87-glue-tvt_qnli" (tmux window name)
     token: str  # unique per attempt; tags the pane/process so a restarted daemon finds it
-    attempt_dir: Path  # holds launch.sh; the wrapper writes pid, output.log, exit.json here
-    workdir: Path
+    attempt_dir: str | Path  # holds launch.sh; the wrapper writes pid, output.log, exit.json here
+    workdir: str | Path
     env: dict[str, str] = field(default_factory=dict)  # variables the wrapper itself needs
     options: dict[str, Any] = field(default_factory=dict)  # backend options of the suite (Slurm partition...)
 

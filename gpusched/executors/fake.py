@@ -5,7 +5,7 @@ real wrapper would end it: output.log and exit.json in the attempt directory."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import os
 
 from msgspec import Struct, field
 
@@ -54,8 +54,8 @@ class FakeExecutor(Struct):
     ) -> None:
         """End an attempt as the wrapper would: append output, write exit.json (and runtime.json)."""
         handle = self.live.pop(token)
-        paths = AttemptPaths(Path(handle["dir"]))
-        paths.dir.mkdir(parents=True, exist_ok=True)
+        paths = AttemptPaths(handle["dir"])
+        os.makedirs(paths.dir, exist_ok=True)
         with open(paths.output, "a") as f:
             f.write(output)
         if runtime is not None:

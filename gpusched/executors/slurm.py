@@ -149,7 +149,7 @@ def job_name(suite: str, job: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", f"gpusched-{suite}-{job}")[:128]
 
 
-def _checked_path(p: Path, what: str) -> str:
+def _checked_path(p: str | Path, what: str) -> str:
     s = str(Path(p).absolute())
     if any(c in s for c in '"\n\r%\\'):
         raise ExecutorError(f"{what} {s!r}: Slurm cannot take a path with a quote, %, \\ or newline")
