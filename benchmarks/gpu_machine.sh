@@ -1,0 +1,47 @@
+#!/bin/bash
+# One run of the aims and the real-GPU checks on a lent, bare GPU machine that has Python and
+# torch but nothing of gpusched's own, and no network. What it needs is carried beside the
+# checkout (both folders are in .gitignore):
+#
+#   .whl/  the wheels of gpusched's dependencies that machine lacks, for its Python:
+#          python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#            --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+#            -d .whl libtmux tenacity msgspec simple-gpu-scheduler
+#   .deb/  the tools compared against: (cd .deb && apt-get download task-spooler parallel tmux
+#          libevent-core-2.1-7 libutempter0); unpacked with dpkg -x into a scratch root, never /
+#
+#   bash benchmarks/gpu_machine.sh OUT_DIR [STEPS]    # STEPS: the OOM ladder's steps a job (4)
+#
+# Writes each part's output to OUT_DIR (dispatch.txt, gpu_checks.txt, refill.txt, status.txt)
+# as it goes, so what ran before a time limit is kept. About 6 minutes on 16 cores and an H200.
+set -u
+out=${1:?usage: gpu_machine.sh OUT_DIR [STEPS]}
+steps=${2:-4}
+cd "$(dirname "$0")/.." || exit 2
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ||
+    exit 2
+export PYTHONPATH=$PWD:/tmp/site
+mkdir -p /tmp/debroot
+for f in .deb/task-spooler_*.deb .deb/parallel_*.deb; do dpkg -x "$f" /tmp/debroot; done
+if ! command -v tmux >/dev/null; then
+    for f in .deb/tmux_*.deb .deb/libevent*.deb .deb/libutempter*.deb; do dpkg -x "$f" /tmp/debroot; done
+    export LD_LIBRARY_PATH=/tmp/debroot/usr/lib/x86_64-linux-gnu
+fi
+export PATH=$PATH:/tmp/debroot/usr/bin
+{
+    echo "cores: $(nproc); $(python3 --version); $(tmux -V); commit: $(git rev-parse --short HEAD 2>/dev/null)"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+} | tee "$out/machine.txt"
+part() {  # part NAME LIMIT_S COMMAND...: one part, its output to OUT_DIR/NAME.txt, cut at LIMIT_S
+    local name=$1 limit=$2 t=$SECONDS
+    shift 2
+    echo "=== $name"
+    timeout "$limit" "$@" 2>&1 | tee "$out/$name.txt"
+    echo "--- $name: exit ${PIPESTATUS[0]} after $((SECONDS - t)) s" | tee -a "$out/$name.txt"
+}
+part dispatch 150 env TMPDIR=/dev/shm python3 benchmarks/bench_dispatch.py --repeat 3
+part gpu_checks 270 bash benchmarks/gpu_checks.sh "$steps"
+part refill 90 python3 benchmarks/bench_refill.py --jobs 300
+part status 60 python3 benchmarks/bench_status.py --runs 3
