@@ -396,6 +396,7 @@ def _submit(
     daemon.check_jobs_elsewhere(home, store)  # the daemon would refuse to start: queue nothing
     _refuse_shared_output_dirs(store, suite)
     write_env_snapshot(env_path, dict(os.environ))
+    earlier = _log_folders(suite)  # before anything is queued: a daemon may launch at the commit
     result = store.submit(
         suite, gplan, backend=backend, cwd=str(cwd), env_path=str(env_path), options=options, rerun=args.rerun
     )
@@ -420,7 +421,7 @@ def _submit(
         f"with plan {gplan.as_text()} ({slots} slot{'s' * (slots != 1)}), backend {backend}"
     )
     _print_changes(result, dropped, dry=False, kept=plan_kept)
-    _print_earlier_logs(suite, result.queued)
+    _print_earlier_logs(suite, result.queued, earlier)
     if info and info.get("probe_notice"):
         print(f"  {info['probe_notice']}")
     print(f"  logs: {suite.logs_dir}/<job>/<attempt>-<tier>/output.log   watch: gpusched status --watch")
@@ -471,14 +472,19 @@ def _refuse_shared_output_dirs(store: Store, suite: Suite) -> None:
             )
 
 
-def _print_earlier_logs(suite: Suite, queued: tuple[str, ...]) -> None:
-    """One line when jobs new to this queue already have log folders: another queue's (its
-    state directory deleted, or another GPUSCHED_HOME). Their attempts go beside the old ones
-    (AttemptPaths.for_attempt), which are left as they are. One listdir."""
+def _log_folders(suite: Suite) -> set[str]:
+    """The folders in the suite's logs directory (one listdir; none when it is not there)."""
     try:
-        there = set(os.listdir(suite.logs_dir))
+        return set(os.listdir(suite.logs_dir))
     except OSError:
-        return
+        return set()
+
+
+def _print_earlier_logs(suite: Suite, queued: tuple[str, ...], there: set[str]) -> None:
+    """One line when jobs new to this queue already had log folders (``there``, read before
+    they were queued: a running daemon makes theirs as soon as the queue's commit lands):
+    another queue's (its state directory deleted, or another GPUSCHED_HOME). Their attempts
+    go beside the old ones (AttemptPaths.for_attempt), which are left as they are."""
     k = sum(1 for job_id in queued if job_id.partition("/")[2] in there)
     if k:
         first = f"1-{suite.tiers[0].name}"
@@ -622,7 +628,7 @@ def _print_dry_run(
         print(f"  {job_id}")
     if seen:
         _print_changes(*seen, dry=True, kept=kept)
-    _print_earlier_logs(suite, seen[0].queued if seen else tuple(new))
+    _print_earlier_logs(suite, seen[0].queued if seen else tuple(new), _log_folders(suite))
     return 0
 
 

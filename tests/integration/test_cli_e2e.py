@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -586,3 +587,30 @@ def test_a_daemon_that_dies_as_it_starts_is_reported_at_once_with_its_last_words
     assert time.monotonic() - t0 < 30
     assert "exited with code 2 as it started (gpusched: GPU probe 'bogus:1' is not known" in str(e.value)
     assert daemon.info(Home(gs_home)) is None
+
+
+def test_submit_does_not_take_the_folders_its_daemon_just_made_for_another_queues(
+    gs_home: Path, project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A running daemon launches a suite's first jobs as soon as the submit's commit lands, before
+    the submit prints its summary. The summary said those jobs "already have log folders ... from
+    a queue gpusched no longer knows" of the folders this queue had just made: the folders are
+    read before anything is queued."""
+    from gpusched import cli
+    from gpusched.store import Store
+
+    write_plan(project, "q", 'command: "true {config}"\njobs: [{name: a}, {name: b}]\n')
+    real = Store.submit
+
+    def submit_and_launch(self: Store, suite: Any, *args: Any, **kwargs: Any) -> Any:
+        result = real(self, suite, *args, **kwargs)
+        for job_id in result.queued:  # as the daemon's first tick does, at once
+            (Path(suite.logs_dir) / job_id.partition("/")[2] / "1-A").mkdir(parents=True)
+        return result
+
+    monkeypatch.setattr(Store, "submit", submit_and_launch)
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("GPUSCHED_FAKE_GPUS", "2x24GiB")
+    assert cli.main(["submit", "--suite", "q", "--gpu-plan", "2", "--backend", "subprocess"]) == 0
+    out = capsys.readouterr().out
+    assert "q: queued 2 jobs" in out and "already have log folders" not in out
