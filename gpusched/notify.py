@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from msgspec import Struct
+from msgspec.structs import replace
 
 from gpusched import proc
 from gpusched.disk import LAUNCH_WAIT_FLAG
@@ -75,14 +76,8 @@ class Notice(Struct, frozen=True, kw_only=True):
 
     def counting(self, held: int) -> Notice:
         """This notice, also counting ``held`` more jobs (ended by the same, not told yet)."""
-        return Notice(
-            event=self.event,
-            suite=self.suite,
-            job_id=self.job_id,
-            message=_said(self.event, self.suite, self.job_id, self.more + held, self.what),
-            what=self.what,
-            more=self.more + held,
-        )
+        more = self.more + held
+        return replace(self, more=more, message=_said(self.event, self.suite, self.job_id, more, self.what))
 
 
 def _said(event: str, suite: str, first: str, more: int, what: str) -> str:
