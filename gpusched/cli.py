@@ -225,7 +225,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     if want("drain"):
         s = sub.add_parser("drain", help="stop new launches; running jobs finish (--off resumes)")
-        s.add_argument("--off", action="store_true")
+        when = s.add_mutually_exclusive_group()
+        when.add_argument("--off", action="store_true", help="launch again (or cancel a drain --at)")
+        when.add_argument("--at", metavar="HH:MM", help="from the next time the clock reads this, e.g. 07:30")
         s.set_defaults(func=cmd_drain)
 
     if want("daemon"):

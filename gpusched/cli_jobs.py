@@ -295,10 +295,17 @@ def cmd_wait(args: argparse.Namespace) -> int:
             _revive_daemon()  # waiting on a dead daemon would wait forever
         return c
 
+    def drained(c: dict[str, int]) -> bool:
+        """Nothing will run any more: jobs are left queued, none runs, and a drain holds them."""
+        if c["running"] or not c["queued"]:
+            return False
+        at = store.drains_at()
+        return at is not None and time.time() >= at
+
     c = counts()
     total = sum(c.values())
     if args.quiet or not sys.stderr.isatty():
-        done = _wait_loop(counts, deadline, lambda c: None)
+        done = _wait_loop(counts, deadline, lambda c: None, drained)
     else:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -321,12 +328,16 @@ def cmd_wait(args: argparse.Namespace) -> int:
                     f"{c['failed']} failed",
                 )
 
-            done = _wait_loop(counts, deadline, show)
+            done = _wait_loop(counts, deadline, show, drained)
     if done is None:
         print("gpusched: wait timed out", file=sys.stderr)
         return 124
-    print(f"{done['succeeded']} succeeded, {done['failed']} failed, {done['cancelled']} cancelled")
-    return 0 if done["failed"] == 0 and done["cancelled"] == 0 else 1
+    left = f", {done['queued']} left queued by the drain (`gpusched drain --off` runs them)"
+    print(
+        f"{done['succeeded']} succeeded, {done['failed']} failed, {done['cancelled']} cancelled"
+        + (left if done["queued"] else "")
+    )
+    return 0 if done["failed"] == 0 and done["cancelled"] == 0 and done["queued"] == 0 else 1
 
 
 def _revive_daemon() -> None:
@@ -341,12 +352,17 @@ def _revive_daemon() -> None:
 
 
 def _wait_loop(
-    counts: Callable[[], dict[str, int]], deadline: float | None, show: Callable[[dict[str, int]], None]
+    counts: Callable[[], dict[str, int]],
+    deadline: float | None,
+    show: Callable[[dict[str, int]], None],
+    drained: Callable[[dict[str, int]], bool],
 ) -> dict[str, int] | None:
+    """The counts once every job ended, or once ``drained`` says the ones left never will
+    start; None past ``deadline``."""
     while True:
         c = counts()
         show(c)
-        if c["queued"] == 0 and c["running"] == 0:
+        if (c["queued"] == 0 and c["running"] == 0) or drained(c):
             return c
         if deadline is not None and time.monotonic() > deadline:
             return None

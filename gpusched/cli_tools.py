@@ -95,17 +95,46 @@ def _enable_gpus(text: str) -> int:
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
-    from gpusched import daemon
+    import time
 
+    from gpusched import daemon
+    from gpusched.store import DRAIN_FLAG
+
+    now = time.time()
+    at = None if args.at is None else next_time_of_day(args.at, now)  # (refused before the store opens)
     store = _store()
-    store.set_flag("draining", None if args.off else "1")
+    before = store.drains_at()
+    store.set_flag(DRAIN_FLAG, None if args.off else repr(now if at is None else at))
     daemon.wake(_home())
-    print(
-        "launches resumed"
-        if args.off
-        else "draining: running jobs finish, nothing new starts (`gpusched drain --off` resumes)"
-    )
+    if args.off:
+        print("launches resumed")
+    elif at is None:
+        print("draining: running jobs finish, nothing new starts (`gpusched drain --off` resumes)")
+    else:
+        when = time.strftime("%a %H:%M", time.localtime(at))
+        until = "; until then launches go on" if before is not None and before <= now else ""
+        print(
+            f"drains at {when}: no new launches from then, running jobs finish{until} (`drain --off` cancels)"
+        )
     return 0
+
+
+def next_time_of_day(text: str, now: float) -> float:
+    """The next moment (epoch seconds, after ``now``) the local clock reads ``text`` (``07:30``,
+    24-hour); :class:`UsageError` for anything else."""
+    import time
+
+    hours, sep, minutes = text.strip().partition(":")
+    if not (sep and hours.isdigit() and minutes.isdigit() and len(minutes) == 2):
+        hours = minutes = "x"
+    if not (hours.isdigit() and int(hours) < 24 and int(minutes) < 60):
+        raise UsageError(f"--at {text}: not a time of day like 07:30 (24-hour, this machine's clock)")
+    t = time.localtime(now)
+    day = (t.tm_year, t.tm_mon, t.tm_mday)
+    at = time.mktime((*day, int(hours), int(minutes), 0, 0, 0, -1))
+    if at <= now:  # today's is past: tomorrow's (mktime carries the 32nd into the next month)
+        at = time.mktime((*day[:2], day[2] + 1, int(hours), int(minutes), 0, 0, 0, -1))
+    return at
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:

@@ -490,7 +490,8 @@ class Scheduler:
         now: float,
         report: TickReport,
     ) -> None:
-        if self.store.flag("draining"):
+        drains_at = self.store.drains_at()
+        if drains_at is not None and now >= drains_at:
             return  # `gpusched drain`: running jobs finish, nothing new starts
         queued = self._launchable(self._candidates(now), now)
         if not queued:

@@ -41,6 +41,8 @@ from gpusched.records import AttemptRow, GpuOut, JobRow, NewAttempt, SubmitResul
 from gpusched.schema import ADDED_TABLES, SCHEMA, SCHEMA_VERSION
 
 ACTIVE_STATES = (JobState.QUEUED.value, JobState.RUNNING.value)
+#: The flag ``gpusched drain`` sets: from when (epoch seconds) no new job is launched.
+DRAIN_FLAG = "draining"
 
 
 def suite_filter(suites: Collection[str] | None, column: str = "suite") -> tuple[str, list[str]]:
@@ -742,6 +744,18 @@ class Store:
             self._event(now, job_id, kind, message)
 
     # ------------------------------------------------------------------ flags
+
+    def drains_at(self) -> float | None:
+        """From when no new job is launched (``gpusched drain``, now or ``--at`` a time): the
+        :data:`DRAIN_FLAG`'s epoch seconds; None while no drain is asked for. A flag of a
+        gpusched before ``--at`` (``"1"``) reads as long past."""
+        value = self.flag(DRAIN_FLAG)
+        if value is None:
+            return None
+        try:
+            return float(value)
+        except ValueError:
+            return 0.0
 
     def flag(self, key: str) -> str | None:
         r = self.db.execute("SELECT value FROM meta WHERE key = ?", (f"flag:{key}",)).fetchone()

@@ -179,11 +179,13 @@ def status(
                 ],
             }
         )
+    drains_at = store.drains_at()
     head = {
         "daemon": daemon,
         "notice": notice,
         "counts": store.counts(suites=suites),
-        "draining": bool(store.flag("draining")),
+        "draining": drains_at is not None and now >= drains_at,
+        "drains_at": drains_at if drains_at is not None and now < drains_at else None,  # a drain --at to come
         "host": host_doc(store, host, now=now),
         "launch_wait": store.flag(LAUNCH_WAIT_FLAG) if daemon else None,  # the daemon's, while it runs
         "gpus": gdocs,
@@ -435,6 +437,9 @@ def format_status(
             head += "  (it starts with `gpusched submit`, or `gpusched daemon start`)"
     if doc.get("draining"):
         head += paint("  DRAINING: no new launches (`gpusched drain --off` resumes)", "bold yellow")
+    elif doc.get("drains_at"):
+        when = time.strftime("%a %H:%M", time.localtime(doc["drains_at"]))
+        head += paint(f"  DRAINS AT {when}: no new launches from then (`drain --off` cancels)", "yellow")
     out.append(head)
     out.append("  ".join(f"{k} {v}" for k, v in doc["counts"].items()))
     if doc.get("notice"):

@@ -286,10 +286,40 @@ def test_drain_stops_new_launches_and_running_jobs_finish(gs_home: Path, project
     # the tick that reaps `a` would launch `b` into the freed slot, were it not draining
     retry_until(lambda: states(gs_home, "dr")["a"] == "succeeded", timeout=30)
     assert states(gs_home, "dr")["b"] == "queued" and launches(project) == ["dr/a"]
+    # nothing runs and the drain holds the rest: `wait` says so now, not at its timeout
+    r = run_cli("wait", "--suite", "dr", "--timeout", "60", cwd=project)
+    assert r.returncode == 1, r.stderr
+    assert r.stdout.strip() == (
+        "1 succeeded, 0 failed, 0 cancelled, 1 left queued by the drain (`gpusched drain --off` runs them)"
+    )
     r = run_cli("drain", "--off", cwd=project, check=True)
     assert "resumed" in r.stdout
     retry_until(lambda: states(gs_home, "dr")["b"] == "succeeded", timeout=30)
     assert launches(project) == ["dr/a", "dr/b"]
+
+
+def test_drain_at_a_time_of_day_is_kept_shown_and_cancelled(gs_home: Path, project: Path) -> None:
+    """`drain --at 07:30` keeps the next 07:30 in the queue, status shows it to come (plain and
+    JSON), `--off` cancels it; a time that is no time of day is one line and exit 2."""
+    import time
+
+    r = run_cli("drain", "--at", "07:30", cwd=project, check=True)
+    assert r.stdout.startswith("drains at ") and "07:30: no new launches from then" in r.stdout
+    doc = json.loads(run_cli("status", "--json", cwd=project, check=True).stdout)
+    at = time.localtime(doc["drains_at"])
+    assert doc["draining"] is False and (at.tm_hour, at.tm_min) == (7, 30)
+    assert 0 < doc["drains_at"] - time.time() <= 24 * 3600
+    assert f"DRAINS AT {time.strftime('%a', at)} 07:30" in run_cli("status", cwd=project, check=True).stdout
+    run_cli("drain", "--off", cwd=project, check=True)
+    doc = json.loads(run_cli("status", "--json", cwd=project, check=True).stdout)
+    assert doc["draining"] is False and doc["drains_at"] is None
+    for bad in ("25:00", "7.30", "07:60", "7:5", "noon"):
+        r = run_cli("drain", "--at", bad, cwd=project)
+        assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+        assert f"--at {bad}: not a time of day like 07:30" in r.stderr
+    assert run_cli("drain", "--at", "07:30", "--off", cwd=project).returncode == 2  # one or the other
+    run_cli("drain", cwd=project, check=True)  # draining now: a later --at lets launches go on till then
+    assert "; until then launches go on" in run_cli("drain", "--at", "07:30", cwd=project, check=True).stdout
 
 
 def test_a_disk_too_full_for_the_night_holds_launches_and_status_says_where(

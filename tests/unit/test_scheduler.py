@@ -290,10 +290,24 @@ def test_restart_adopts_running_attempts_and_never_launches_twice(world: World, 
 
 def test_draining_stops_new_launches(world: World, tmp_path: Path) -> None:
     world.submit(make_suite(tmp_path, n=2))
-    world.store.set_flag("draining", "1")
+    world.store.set_flag("draining", "1")  # (as a gpusched before `drain --at` wrote it: now)
     assert world.tick().launched == []
     world.store.set_flag("draining", None)
     assert len(world.tick().launched) == 2
+
+
+def test_a_drain_at_a_time_launches_until_then_and_nothing_after(world: World, tmp_path: Path) -> None:
+    """`drain --at 07:30`: the night goes on until the clock reads it; from then on a freed slot
+    stays empty and the jobs left wait queued, while the running ones finish."""
+    world.submit(make_suite(tmp_path, n=4))  # 3 slots
+    world.store.set_flag("draining", repr(world.now + 10))
+    assert len(world.tick().launched) == 3  # (at now + 1: before the drain)
+    first = world.ex.launched[0].token
+    world.now += 20
+    world.ex.finish(first, exit_code=0)
+    report = world.tick()
+    assert report.reaped and report.launched == []
+    assert world.state("E1/3-task") is JobState.QUEUED
 
 
 def test_a_backend_that_cannot_be_made_fails_the_launch_not_the_tick(tmp_path: Path) -> None:

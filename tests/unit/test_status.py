@@ -792,3 +792,19 @@ def test_wait_without_a_suite_judges_the_suites_that_ran_not_last_weeks(
     assert cli.main(["wait", "--quiet"]) == 0
     assert capsys.readouterr().out == "3 succeeded, 0 failed, 0 cancelled\n"
     assert cli.main(["wait", "--quiet", "--suite", "old"]) == 1
+
+
+def test_next_time_of_day_is_today_while_ahead_else_tomorrow_across_a_month() -> None:
+    import time
+
+    from gpusched.cli_tools import next_time_of_day
+    from gpusched.errors import UsageError
+
+    six = time.mktime((2026, 11, 30, 6, 0, 0, 0, 0, -1))  # a Monday, 06:00 here
+    assert time.localtime(next_time_of_day("07:30", six))[:5] == (2026, 11, 30, 7, 30)
+    assert time.localtime(next_time_of_day("05:00", six))[:5] == (2026, 12, 1, 5, 0)
+    assert time.localtime(next_time_of_day("06:00", six))[:5] == (2026, 12, 1, 6, 0)  # now is not ahead
+    assert time.localtime(next_time_of_day(" 0:05 ", six))[:5] == (2026, 12, 1, 0, 5)
+    for bad in ("24:00", "7.30", "07:60", "7:5", "07:30pm", "", ":30"):
+        with pytest.raises(UsageError, match="not a time of day like 07:30"):
+            next_time_of_day(bad, six)
