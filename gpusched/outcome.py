@@ -528,17 +528,15 @@ def past_limit(
         if quiet_s >= limits.silence_s:
             return f"printed nothing for {duration_text(limits.silence_s)}, taken as hung (limits.silence)"
     if limits.output_mib is not None and output_bytes > limits.output_mib << 20:
-        wrote, most = size_text(output_bytes >> 20), size_text(limits.output_mib)
+        wrote, most = size_text(output_bytes / (1 << 20)), size_text(limits.output_mib)
         return f"wrote {wrote} to its output.log, more than its limit of {most} (limits.output)"
     return None
 
 
-def size_text(mib: int) -> str:
-    """``512`` -> ``512 MiB``, ``2048`` -> ``2.0 GiB``, ``3 << 20`` -> ``3.0 TiB``."""
-    for shift, unit in ((20, "TiB"), (10, "GiB")):
-        if mib >= 1 << shift:
-            return f"{mib / (1 << shift):.1f} {unit}"
-    return f"{mib} MiB"
+def size_text(mib: float) -> str:
+    """``1.25`` -> ``1.2 MiB``, ``2048`` -> ``2.0 GiB``, ``3 << 20`` -> ``3.0 TiB``."""
+    shift, unit = next(((s, u) for s, u in ((20, "TiB"), (10, "GiB")) if mib >= 1 << s), (0, "MiB"))
+    return f"{mib / (1 << shift):.1f} {unit}"
 
 
 def duration_text(seconds: float) -> str:
