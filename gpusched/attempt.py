@@ -93,10 +93,6 @@ class AttemptPaths(Struct, frozen=True):
         except (OSError, ValueError, IndexError):
             return None
 
-    def output_at(self) -> float | None:
-        """When output.log last grew (its mtime), or None before the job wrote anything."""
-        return _mtime(self.file(OUTPUT))
-
     def output_seen(self) -> tuple[float | None, int]:
         """(when output.log last grew, its size in bytes) from one stat: (None, 0) before the
         job wrote anything."""
