@@ -274,6 +274,8 @@ def _retryable(store: Store, patterns: list[str]) -> list[str]:
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
+    from gpusched.store import draining
+
     store = _store()
     if args.suite:
         known_suite(store, args.suite)
@@ -299,8 +301,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
         """Nothing will run any more: jobs are left queued, none runs, and a drain holds them."""
         if c["running"] or not c["queued"]:
             return False
-        at = store.drains_at()
-        return at is not None and time.time() >= at
+        return draining(store.drains_at(), time.time())
 
     c = counts()
     total = sum(c.values())

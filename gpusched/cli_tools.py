@@ -98,7 +98,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
     import time
 
     from gpusched import daemon
-    from gpusched.store import DRAIN_FLAG
+    from gpusched.store import DRAIN_FLAG, draining
 
     now = time.time()
     at = None if args.at is None else next_time_of_day(args.at, now)  # (refused before the store opens)
@@ -112,7 +112,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
         print("draining: running jobs finish, nothing new starts (`gpusched drain --off` resumes)")
     else:
         when = time.strftime("%a %H:%M", time.localtime(at))
-        until = "; until then launches go on" if before is not None and before <= now else ""
+        until = "; until then launches go on" if draining(before, now) else ""
         print(
             f"drains at {when}: no new launches from then, running jobs finish{until} (`drain --off` cancels)"
         )

@@ -40,7 +40,7 @@ from gpusched.model import (
     StepKind,
     Suite,
 )
-from gpusched.store import AttemptRow, GpuOut, JobRow, NewAttempt, Store, SuiteRow
+from gpusched.store import AttemptRow, GpuOut, JobRow, NewAttempt, Store, SuiteRow, draining
 
 log = logging.getLogger(__name__)
 
@@ -490,8 +490,7 @@ class Scheduler:
         now: float,
         report: TickReport,
     ) -> None:
-        drains_at = self.store.drains_at()
-        if drains_at is not None and now >= drains_at:
+        if draining(self.store.drains_at(), now):
             return  # `gpusched drain`: running jobs finish, nothing new starts
         queued = self._launchable(self._candidates(now), now)
         if not queued:

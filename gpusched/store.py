@@ -45,6 +45,11 @@ ACTIVE_STATES = (JobState.QUEUED.value, JobState.RUNNING.value)
 DRAIN_FLAG = "draining"
 
 
+def draining(drains_at: float | None, now: float) -> bool:
+    """Whether a drain (:meth:`Store.drains_at`: now, or ``--at`` a time already come) holds at ``now``."""
+    return drains_at is not None and now >= drains_at
+
+
 def suite_filter(suites: Collection[str] | None, column: str = "suite") -> tuple[str, list[str]]:
     """SQL that keeps the rows of ``suites`` (none when it is None) and its arguments. Not by
     an index on the suite (``+``): the jobs' state indexes hold the suite too, so counts and

@@ -23,7 +23,7 @@ from gpusched import memory, memwatch, status_rows
 from gpusched.disk import LAUNCH_WAIT_FLAG
 from gpusched.model import GpuState
 from gpusched.placement import DEFAULT_HEADROOM_FRAC
-from gpusched.store import AttemptRow, Store, SuiteActivity, SuiteRow
+from gpusched.store import AttemptRow, Store, SuiteActivity, SuiteRow, draining
 
 QUIET_SHOWN_S = 600  # a running job whose log has not grown this long says so in the table
 MAX_TABLE_JOBS = 40  # rows of the plain table: running and failed first; the rest is summed up by state
@@ -184,8 +184,8 @@ def status(
         "daemon": daemon,
         "notice": notice,
         "counts": store.counts(suites=suites),
-        "draining": drains_at is not None and now >= drains_at,
-        "drains_at": drains_at if drains_at is not None and now < drains_at else None,  # a drain --at to come
+        "draining": draining(drains_at, now),
+        "drains_at": None if draining(drains_at, now) else drains_at,  # a drain --at still to come
         "host": host_doc(store, host, now=now),
         "launch_wait": store.flag(LAUNCH_WAIT_FLAG) if daemon else None,  # the daemon's, while it runs
         "gpus": gdocs,
