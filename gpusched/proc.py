@@ -146,13 +146,26 @@ def spawn(
     # not found: posix_spawnp searches PATH itself, and says why nothing there can be started
     spawn_fn, program = (os.posix_spawnp, args[0]) if found is None else (os.posix_spawn, found)
     try:
-        pid = spawn_fn(program, args, os.environ if env is None else env, file_actions=actions, setsid=True)
+        pid = spawn_fn(
+            program,
+            args,
+            os.environ if env is None else env,
+            file_actions=actions,
+            setsid=True,
+            setsigdef=IGNORED_HERE,
+        )
     except OSError as e:
         _found.clear()  # (a program found before may have moved: look again next time)
         raise CommandFailed(args, 127, f"{args[0]}: cannot start ({e.strerror})") from e
     child = _children[pid] = Child(pid)
     return child
 
+
+#: Signals ignored in gpusched's processes, which a process they start would otherwise inherit
+#: ignored: Python ignores SIGPIPE and SIGXFSZ at its start (a job's ``yes | head`` would fail
+#: with "Broken pipe"), the daemon SIGHUP (to outlive its user's logout; a wrapper that ignored
+#: it could not say that ``kill -HUP`` stopped its job). At their defaults in the child.
+IGNORED_HERE = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGHUP)
 
 #: Programs found on PATH: (name, PATH) -> the file. posix_spawnp would search PATH in the
 #: child on every spawn, one failing exec per directory before the program's, while the

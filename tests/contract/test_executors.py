@@ -13,6 +13,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import stat
 import uuid
 from collections.abc import Callable, Iterator
@@ -285,6 +286,29 @@ def test_env_reaches_the_job(bench: Bench) -> None:
     _, paths, req = bench.launch(script, env={"GS_TEST_VAR": odd, "GS_SEMI": "x;"})
     assert exited(paths)["exit_code"] == 0
     assert f"var={odd}|semi=x;|token={req.token}" in paths.output.read_text()
+
+
+def test_a_job_gets_the_signals_gpusched_ignores_at_their_defaults(bench: Bench) -> None:
+    """Python ignores SIGPIPE and SIGXFSZ, the daemon also SIGHUP, and a process they start
+    inherits what they ignore: a job's ``yes | head -n 1`` would fail with "Broken pipe", and
+    ``kill -HUP`` would not stop it. Each backend starts the job with all three at their
+    defaults, as a shell does; the wrapper says when SIGHUP stopped it."""
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as the daemon does
+    try:
+        _, paths, _ = bench.launch('yes | head -n 1\ngrep "^SigIgn:" /proc/self/status\n')
+        exit_rec = exited(paths)
+        handle, hup, _ = bench.launch("echo started\nsleep 30\n")
+    finally:
+        signal.signal(signal.SIGHUP, before)
+    assert exit_rec["exit_code"] == 0
+    out = paths.output.read_text()
+    assert out.startswith("y\n") and "Broken pipe" not in out, out
+    ignored = int(out.split("SigIgn:")[1].split()[0], 16)
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGHUP):
+        assert not ignored & (1 << (sig - 1)), (sig, out)
+    retry_until(lambda: hup.output.exists() and "started" in hup.output.read_text())
+    proc.signal_group(handle["pid"], signal.SIGHUP)
+    assert exited(hup)["signal"] == 1
 
 
 def test_job_runs_in_its_workdir_and_never_elsewhere(bench: Bench) -> None:
