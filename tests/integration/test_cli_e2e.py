@@ -559,6 +559,59 @@ def test_a_daemon_on_standby_holds_nothing_and_ends_unless_told_to_go(gs_home: P
     assert beside.child.wait() == 0 and daemon.info(home)["pid"] == ready["pid"]  # type: ignore[index]
 
 
+def test_the_daemon_lock_has_one_holder_and_goes_with_its_process(tmp_path: Path) -> None:
+    """One daemon per state directory: the lock is taken by one process at a time, a second
+    taker gives up after its wait, and the lock goes with the process that held it, however
+    it ended (here: SIGKILL), so the next daemon can start."""
+    import time
+
+    from gpusched import daemon
+
+    path = tmp_path / "daemon.lock"
+    fd = daemon._take_lock(path, 0)
+    assert fd is not None and daemon._locked(path)
+    t0 = time.monotonic()
+    assert daemon._take_lock(path, 0.05) is None and time.monotonic() - t0 >= 0.05
+    os.close(fd)
+    assert not daemon._locked(path)
+    code = (
+        "import sys, pathlib\nfrom gpusched import daemon\n"
+        "print(daemon._take_lock(pathlib.Path(sys.argv[1]), 5) is not None, flush=True)\nsys.stdin.read()\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "True"
+        assert daemon._locked(path) and daemon._take_lock(path, 0) is None
+    finally:
+        holder.kill()
+        holder.wait()
+    fd = daemon._take_lock(path, 5)
+    assert fd is not None
+    os.close(fd)
+
+
+def test_the_daemon_starts_without_asyncio(gs_home: Path) -> None:
+    """What the daemon imports before its first launch is on the path of a night's first job:
+    nothing that pulls in asyncio (15-20 ms; the filelock package did, with an audit hook
+    that then ran on every file the daemon opened)."""
+    standby = ["daemon", "run", "--standby", "--probe", "fake:1x24GiB"]
+    r = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "gpusched", *standby],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "GPUSCHED_HOME": str(gs_home)},
+    )
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stderr.splitlines() if "|" in line]
+    imported = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in lines}
+    assert {"gpusched", "yaml", "psutil"} <= imported  # (what the first tick needs: imported on standby)
+    assert not imported & {"asyncio", "filelock"}
+
+
 def test_a_submit_that_queues_nothing_leaves_no_daemon(gs_home: Path, project: Path) -> None:
     """Everything already succeeded: a repeated submit queues nothing and starts no daemon
     (the one it had on standby exits)."""

@@ -479,7 +479,7 @@ def test_a_state_home_that_cannot_be_made_is_one_line(
 
 @pytest.mark.parametrize("probe", ["fake", "nvml"])
 def test_status_loads_no_heavy_module(tmp_path: Path, probe: str) -> None:
-    """Plain and --json status: no rich, yaml, psutil, tmux, filelock or torch imported; NVML
+    """Plain and --json status: no rich, yaml, psutil, tmux, asyncio or torch imported; NVML
     only on the real probe's path (what a user runs), and tenacity not even there: NVML's
     retries import it only once a read has failed."""
     box = busy_box(tmp_path)
@@ -491,7 +491,7 @@ def test_status_loads_no_heavy_module(tmp_path: Path, probe: str) -> None:
         "from gpusched.cli import main\n"
         "for argv in (['status'], ['status', '--json']):\n"
         "    assert main(argv) == 0\n"
-        "heavy = {'rich', 'yaml', 'psutil', 'pynvml', 'libtmux', 'filelock', 'tenacity', 'torch'}\n"
+        "heavy = {'rich', 'yaml', 'psutil', 'pynvml', 'libtmux', 'asyncio', 'tenacity', 'torch'}\n"
         "heavy |= {'difflib', 'logging'}  # did-you-mean for an error; the loggers on first use\n"
         "print('LOADED', sorted(heavy & {m.split('.')[0] for m in sys.modules}))\n"
     )
