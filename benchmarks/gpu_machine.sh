@@ -10,6 +10,10 @@
 #   .deb/  the tools compared against: (cd .deb && apt-get download task-spooler parallel tmux
 #          libevent-core-2.1-7 libutempter0); unpacked with dpkg -x into a scratch root, never /
 #
+#   .launcher/  optional: the experiment/launcher branch's package, to be timed in turn with
+#          this tree (benchmarks/README.md, "Stop 37"): mkdir .launcher &&
+#          git archive experiment/launcher gpusched | tar -x -C .launcher
+#
 #   bash benchmarks/gpu_machine.sh OUT_DIR [STEPS]    # STEPS: the OOM ladder's steps a job (4)
 #
 # Writes each part's output to OUT_DIR (dispatch.txt, gpu_checks.txt, refill.txt, status.txt)
@@ -42,6 +46,11 @@ part() {  # part NAME LIMIT_S COMMAND...: one part, its output to OUT_DIR/NAME.t
     echo "--- $name: exit ${PIPESTATUS[0]} after $((SECONDS - t)) s" | tee -a "$out/$name.txt"
 }
 part dispatch 150 env TMPDIR=/dev/shm python3 benchmarks/bench_dispatch.py --repeat 3
+if [ -d .launcher/gpusched ]; then  # three rounds of plain processes, this tree and the branch in turn
+    part launcher 120 bash -c 'for r in 1 2 3; do for t in "$PWD" "$PWD/.launcher"; do
+        echo "tree: $t"; PYTHONPATH=$t:/tmp/site TMPDIR=/dev/shm \
+            python3 benchmarks/bench_dispatch.py --only "gpusched (subprocess)"; done; done'
+fi
 part gpu_checks 270 bash benchmarks/gpu_checks.sh "$steps"
 part refill 90 python3 benchmarks/bench_refill.py --jobs 300
 part status 60 python3 benchmarks/bench_status.py --runs 3
