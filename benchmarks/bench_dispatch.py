@@ -97,7 +97,7 @@ def floor(backend: str) -> Callable[[int, int], float]:
             free = list(range(slots))
             while queue or running:
                 proc.reap()
-                for d in [d for d in running if (d / "exit.json").exists()]:
+                for d in [d for d in running if os.path.exists(os.path.join(d, "exit.json"))]:
                     free.append(running.pop(d))
                 reqs = []
                 while queue and free:
