@@ -1,0 +1,61 @@
+"""From ``submit`` to the first job's launch with no daemon running: the command's interpreter
+start, the plan read and queued, the daemon's start (on standby while ``submit`` works) and its
+first tick. What a user waits for at the start of every night.
+
+    python benchmarks/bench_first_launch.py [--jobs 32] [--rounds 8] [--before DIR]
+
+Each round submits ``--jobs`` no-op jobs over 16 fake GPUs (plain processes) in a fresh
+sandbox and takes the first attempt's ``launched_at`` (stamped by the daemon's tick) against
+the moment ``submit`` was started, then stops the daemon. ``--before DIR`` (another checkout,
+e.g. ``git worktree add /tmp/before COMMIT``) runs that tree too, in turn with this one, each
+round (``PYTHONPATH``). Prints the median and the range of each tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import ROOT, machine, median, sandbox, table
+
+
+def first_launch(tree: Path, jobs: int) -> float:
+    """Seconds from starting ``submit`` to the first launch, one fresh sandbox."""
+    with sandbox() as sb:
+        sb.write_plan("noop", jobs)
+        env = sb.env(GPUSCHED_FAKE_GPUS="16x24GiB", PYTHONPATH=str(tree))
+        t0 = time.time()
+        plan = ",".join("1" * 16)
+        sb.cli("submit", "--suite", "noop", "--gpu-plan", plan, "--backend", "subprocess", env=env)
+        sb.wait_all_done(jobs)
+        (first,) = sb.query("SELECT MIN(launched_at) FROM attempts")[0]
+        sb.cli("daemon", "stop", env=env)
+        return float(first) - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--before", type=Path, help="another checkout, timed in turn with this one")
+    args = ap.parse_args(argv)
+    trees = {"this tree": ROOT, **({f"before ({args.before})": args.before} if args.before else {})}
+    times: dict[str, list[float]] = {name: [] for name in trees}
+    for _ in range(args.rounds):
+        for name, tree in trees.items():
+            times[name].append(first_launch(tree, args.jobs))
+    print(
+        f"submit to the first launch: {args.jobs} no-op jobs, 16 fake GPUs, plain processes, "
+        f"{args.rounds} rounds ({machine()})\n"
+    )
+    ms = lambda x: f"{1000 * x:.0f}"  # noqa: E731
+    rows = [[name, ms(median(t)), f"{ms(min(t))}-{ms(max(t))}"] for name, t in times.items()]
+    print(table(["tree", "median ms", "range ms"], rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
