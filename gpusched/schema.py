@@ -46,7 +46,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     updated_at REAL NOT NULL,
     ended_at REAL
 );
-CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);  -- (and the rowid: a state's jobs by seq)
+-- which suites have jobs queued, a lookup a suite (a tick asks), not a walk of the queue
+CREATE INDEX IF NOT EXISTS jobs_state_suite ON jobs(state, suite);
 CREATE INDEX IF NOT EXISTS jobs_suite ON jobs(suite, seq);
 CREATE INDEX IF NOT EXISTS jobs_queue ON jobs(state, priority DESC, seq);  -- a tick's candidates, in order
 -- when the next not_before comes (a MIN a tick reads), without walking a long queue
