@@ -6,6 +6,8 @@ refuses a file written under a newer :data:`SCHEMA_VERSION`.
 
 from __future__ import annotations
 
+import re
+
 SCHEMA_VERSION = 1
 
 SCHEMA = """
@@ -46,15 +48,23 @@ CREATE TABLE IF NOT EXISTS jobs (
     updated_at REAL NOT NULL,
     ended_at REAL
 );
-CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);  -- (and the rowid: a state's jobs by seq)
--- which suites have jobs queued, a lookup a suite (a tick asks), not a walk of the queue
+-- The queue's own indexes hold the queued jobs only (partial: WHERE state = 'queued'): a job
+-- enters them when queued and leaves them when launched, and its later moves (running, its end)
+-- touch none of them, nor do a night's thousands of finished jobs make them longer. A query uses
+-- one only when its WHERE says state = 'queued' in those words. Each still leads with the state,
+-- so that the planner, which has no statistics, ranks them as it did when they held every job.
+-- the queued jobs in submission order (by seq, the rowid)
+CREATE INDEX IF NOT EXISTS jobs_queued ON jobs(state) WHERE state = 'queued';
+-- a tick's candidates, in order
+CREATE INDEX IF NOT EXISTS jobs_queue ON jobs(state, priority DESC, seq) WHERE state = 'queued';
+-- when the next not_before comes (a MIN a tick reads), without walking a long queue
+CREATE INDEX IF NOT EXISTS jobs_not_before ON jobs(state, not_before) WHERE state = 'queued';
+-- the queued jobs' kinds (status's predictions) by suite, task and tier, without sorting the queue
+CREATE INDEX IF NOT EXISTS jobs_kinds ON jobs(state, attempts, suite, task, tier, seq) WHERE state = 'queued';
+-- a state's jobs, and which suites have jobs in a state (a tick asks which have some queued: a
+-- lookup a suite, not a walk of the queue)
 CREATE INDEX IF NOT EXISTS jobs_state_suite ON jobs(state, suite);
 CREATE INDEX IF NOT EXISTS jobs_suite ON jobs(suite, seq);
-CREATE INDEX IF NOT EXISTS jobs_queue ON jobs(state, priority DESC, seq);  -- a tick's candidates, in order
--- when the next not_before comes (a MIN a tick reads), without walking a long queue
-CREATE INDEX IF NOT EXISTS jobs_not_before ON jobs(state, not_before);
--- the queued jobs' kinds (status's predictions) by suite, task and tier, without sorting the queue
-CREATE INDEX IF NOT EXISTS jobs_kinds ON jobs(state, attempts, suite, task, tier, seq);
 -- which suites plain status shows: whether one has a job not ended (ended_at is NULL exactly
 -- while a job is queued or running) and when its last job ended, without reading its jobs (not
 -- the state too: the daemon would rewrite the entry at each of a job's moves, not at its end)
@@ -86,7 +96,8 @@ CREATE TABLE IF NOT EXISTS attempts (
     peak_mib INTEGER,
     UNIQUE(job_id, n)
 );
-CREATE INDEX IF NOT EXISTS attempts_state ON attempts(state);
+-- the attempts that hold a slot (launching, running), and no other: an attempt leaves it at its end
+CREATE INDEX IF NOT EXISTS attempts_state ON attempts(state) WHERE state IN ('launching', 'running');
 CREATE INDEX IF NOT EXISTS attempts_job ON attempts(job_id, n);
 -- the attempts that say something about memory: memwatch's history reads only these, however many
 -- attempts ended without a peak
@@ -166,3 +177,15 @@ ADDED_TABLES: dict[str, str] = {
 }
 
 SCHEMA += "".join(f"CREATE TABLE IF NOT EXISTS {name} {cols};\n" for name, cols in ADDED_TABLES.items())
+
+#: Each index of :data:`SCHEMA` as SQLite keeps its definition (``sqlite_master.sql``): an
+#: older database whose index of the same name says otherwise has it made again on open.
+INDEXES: dict[str, str] = {
+    name: f"CREATE INDEX {name} {rest}"
+    for name, rest in re.findall(r"^CREATE INDEX IF NOT EXISTS (\w+) (ON [^;]*);", SCHEMA, re.MULTILINE)
+}
+
+#: Indexes an older gpusched made that this one does without: dropped on open. ``jobs_state``
+#: (every job by state) went when the queue's indexes became the queued jobs' only; a state's
+#: jobs are found through ``jobs_state_suite``.
+RETIRED_INDEXES = ("jobs_state",)

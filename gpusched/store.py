@@ -38,7 +38,7 @@ from gpusched.model import (
     check_transition,
 )
 from gpusched.records import AttemptRow, GpuOut, JobRow, NewAttempt, SubmitResult, SuiteActivity, SuiteRow
-from gpusched.schema import ADDED_TABLES, SCHEMA, SCHEMA_VERSION
+from gpusched.schema import ADDED_TABLES, INDEXES, RETIRED_INDEXES, SCHEMA, SCHEMA_VERSION
 
 ACTIVE_STATES = (JobState.QUEUED.value, JobState.RUNNING.value)
 #: The flag ``gpusched drain`` sets: from when (epoch seconds) no new job is launched.
@@ -133,6 +133,7 @@ class Store:
     def _init_schema(self) -> None:
         self.db.execute("PRAGMA journal_mode = WAL")
         self.db.execute("PRAGMA synchronous = NORMAL")
+        self._renew_indexes()
         # executescript() issues its own COMMIT, so it runs outside our transaction helper;
         # every statement is idempotent (IF NOT EXISTS), so concurrent openers are harmless.
         self.db.executescript(SCHEMA)
@@ -147,6 +148,24 @@ class Store:
                     f"{self.path} was written by a newer gpusched (schema {row['value']} > "
                     f"{SCHEMA_VERSION}): upgrade gpusched, or point GPUSCHED_HOME elsewhere"
                 )
+
+    def _renew_indexes(self) -> None:
+        """Bring an older gpusched's indexes to this one's (:data:`~gpusched.schema.INDEXES`):
+        one defined otherwise is made again, a retired one dropped, in one transaction, so that
+        no other connection's query finds the queue without its index meanwhile. A database
+        already up to date costs one read of ``sqlite_master``."""
+
+        def stale() -> list[str]:
+            q = "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"
+            return [n for n, sql in self.db.execute(q) if n in RETIRED_INDEXES or INDEXES.get(n, sql) != sql]
+
+        if not stale():
+            return
+        with self.tx():
+            for name in stale():  # (again: another opener may have renewed them meanwhile)
+                self.db.execute(f"DROP INDEX IF EXISTS {name}")
+                if name in INDEXES:
+                    self.db.execute(INDEXES[name])
 
     def _check_version(self) -> None:
         row = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
@@ -847,7 +866,7 @@ class Store:
         """The live attempts being stopped at a limit: attempt id -> (why, since when)."""
         q = (
             "SELECT s.attempt_id, s.reason, s.at FROM stops s JOIN attempts a ON a.id = s.attempt_id"
-            " WHERE a.state != 'exited'"
+            " WHERE a.state IN ('launching', 'running')"  # (attempts_state's words: that index, not a scan)
         )
         return {r[0]: (r[1], r[2]) for r in self.db.execute(q)}
 

@@ -642,3 +642,52 @@ def test_the_queued_kinds_are_an_index_walk_not_a_sort_of_the_queue(tmp_path) ->
     plan = [row["detail"] for row in store.db.execute("EXPLAIN QUERY PLAN " + sql)]
     assert any("jobs_kinds (state=? AND attempts=?)" in d for d in plan), plan
     assert not any("TEMP B-TREE" in d for d in plan), plan
+
+
+def test_no_statement_of_a_tick_walks_the_jobs_or_attempts_that_ended(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A tick's cost must not grow with the night's finished jobs. Every statement a tick sends
+    after the first (which loads the memory history once) is a lookup or a walk of the queue's
+    or the live attempts' own index: none scans the jobs, the attempts or the events, and none
+    walks an index that holds finished ones. (The stops' query once walked every attempt's
+    entry in attempts_state, each tick: ``state != 'exited'`` cannot seek an index.)"""
+    from gpusched.model import GpuPlan
+    from tests.unit.test_scheduler import World, make_suite
+
+    world = World(tmp_path, GpuPlan(gpus=(0, 1), slots=(1, 1)))
+    world.submit(make_suite(tmp_path, n=12))
+    world.tick()
+
+    def end_one() -> None:
+        (a, *_) = world.store.live_attempts()
+        world.ex.finish(a.token, exit_code=0, runtime={"peak_mib": 9000})
+
+    for _ in range(6):
+        end_one()
+        world.tick()
+    sent: list[str] = []
+    world.store.db.set_trace_callback(sent.append)
+    end_one()
+    world.tick()
+    world.store.db.set_trace_callback(None)
+    finished = world.store.db.execute("SELECT COUNT(*) FROM jobs WHERE state = 'succeeded'").fetchone()[0]
+    assert finished == 7 and len(world.store.live_attempts()) == 2
+
+    # a scan of these tables (or their aliases in gpusched's queries), or of any of their indexes
+    long = {"jobs", "attempts", "events", "j", "a"}
+    walks = []
+    for sql in {s for s in sent if s.lstrip().upper().startswith(("SELECT", "UPDATE", "DELETE", "WITH"))}:
+        for row in world.store.db.execute("EXPLAIN QUERY PLAN " + sql):
+            words = row["detail"].split()
+            if words[0] == "SCAN" and (
+                words[1] in long or any(w.startswith(("jobs_", "attempts_", "events_")) for w in words)
+            ):
+                walks.append((sql, row["detail"]))
+    assert walks == []
+    plans = {
+        name: sql
+        for name, sql in world.store.db.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index'")
+    }
+    # the queue's indexes and the live attempts' hold those only: a job's end touches none of them
+    for name in ("jobs_queued", "jobs_queue", "jobs_not_before", "jobs_kinds"):
+        assert plans[name].endswith("WHERE state = 'queued'"), plans[name]
+    assert plans["attempts_state"].endswith("WHERE state IN ('launching', 'running')")

@@ -285,6 +285,54 @@ def test_schema_v1_database_from_tests_data_still_opens() -> None:
         assert s.suite(jobs[0].suite) is not None
 
 
+def test_an_older_gpusched_s_indexes_are_made_again_as_this_one_defines_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stop 38 made the queue's indexes and the live attempts' partial (they hold the queued
+    jobs, the live attempts, only) and dropped jobs_state. A database an older gpusched wrote
+    keeps its jobs and gets exactly this version's indexes on its next read-write open, in one
+    transaction; an up-to-date one is only read (no index dropped or made)."""
+    from gpusched.model import GpuPlan
+    from gpusched.schema import INDEXES
+    from tests.unit.test_scheduler import make_suite
+
+    path = tmp_path / "gs.db"
+    store = Store(path)
+    store.submit(
+        make_suite(tmp_path, n=5), GpuPlan(gpus=(0,), slots=(1,)), backend="fake", cwd=".", env_path=None
+    )
+    store.db.executescript(  # the definitions of stop 37
+        "DROP INDEX jobs_queued; DROP INDEX jobs_queue; DROP INDEX attempts_state;"
+        " CREATE INDEX jobs_state ON jobs(state);"
+        " CREATE INDEX jobs_queue ON jobs(state, priority DESC, seq);"
+        " CREATE INDEX attempts_state ON attempts(state);"
+    )
+    store.db.close()
+
+    def indexes(s: Store) -> dict[str, str]:
+        q = "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"
+        return dict(s.db.execute(q).fetchall())
+
+    again = Store(path)
+    assert indexes(again) == INDEXES
+    assert [j.id for j in again.jobs(states=["queued"])] == [f"E1/{i}-task" for i in range(5)]
+    sent: list[str] = []
+    real = sqlite3.connect
+
+    def traced(*args, **kwargs):  # type: ignore[no-untyped-def]
+        db = real(*args, **kwargs)
+        db.set_trace_callback(sent.append)
+        return db
+
+    monkeypatch.setattr(sqlite3, "connect", traced)
+    third = Store(path)  # the next open, traced from its first statement
+    renewed = [
+        s for s in sent if s.startswith("DROP") or (s.startswith("CREATE INDEX") and "IF NOT EXISTS" not in s)
+    ]
+    assert sent and renewed == []
+    assert indexes(third) == INDEXES
+
+
 def test_an_sqlite_too_old_for_the_store_is_one_clear_line_before_anything_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
