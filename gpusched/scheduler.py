@@ -551,13 +551,11 @@ class Scheduler:
             d = demand[p.job_id]
             reason = f"{d.note}; {p.reason}" if d.note and p.tier == d.view.tier else p.reason
             launches.append((by_id[p.job_id], replace(p, reason=reason), d.prediction(p.tier)))
-        self._launch(launches, gpus, now, report)
         self._hold(demand, starved, waits, list(base.values()), room)
         if out:
             self._say_out(waits, by_id, out)
-        self.store.set_waits(
-            {j: why for j, why in waits.items() if by_id[j].wait_reason != why}
-        )  # changes only
+        changed = {j: why for j, why in waits.items() if by_id[j].wait_reason != why}  # changes only
+        self._launch(launches, gpus, now, report, waits=changed)
         report.waiting = len(waits)
 
     def _hold(
@@ -626,8 +624,7 @@ class Scheduler:
             tier = min(job.tier, len(suite.suite.tiers) - 1)
             p = Placement(job_id=job.id, gpu=None, tier=tier, reason="submitted to Slurm, which places it")
             launches.append((job, p, None))
-        self._launch(launches, [], now, report)
-        self.store.set_waits(waits)
+        self._launch(launches, [], now, report, waits=waits)
 
     def _launchable(self, queued: list[JobRow], now: float) -> list[JobRow]:
         """``queued`` less the jobs that wait for the machine: all of them while launches are
@@ -797,12 +794,18 @@ class Scheduler:
         gpus: list[GpuState],
         now: float,
         report: TickReport,
+        *,
+        waits: dict[str, str],
     ) -> None:
         """Start a tick's placements in three steps: record every attempt ``launching`` with
         its token (one commit), write their attempt directories and start them (a backend
-        with ``launch_many`` starts its share at once), then record them ``running`` (one
-        commit). A crash between the steps leaves attempts ``launching``, which
-        :meth:`reconcile` settles by their tokens: nothing is ever started twice."""
+        with ``launch_many`` starts its share at once), then record them ``running``, with
+        why the jobs left queued wait (``waits``, :meth:`Store.set_waits`), in one commit. A
+        crash between the steps leaves attempts ``launching``, which :meth:`reconcile`
+        settles by their tokens: nothing is ever started twice."""
+        if not items:
+            self.store.set_waits(waits)
+            return
         with self.store.tx():
             begun = [b for b in (self._begin(job, p, gpus, now, pred) for job, p, pred in items) if b]
         started: list[tuple[_Begun, Handle | Exception]] = []
@@ -833,6 +836,7 @@ class Scheduler:
             started += zip(group, handles, strict=True)
         machine: list[str] = []  # launches that failed for want of a machine resource
         with self.store.tx():
+            self.store.set_waits(waits)
             if running := [(b.attempt_id, h) for b, h in started if not isinstance(h, Exception)]:
                 self.store.mark_running_many(running, now=now)
             for b, handle in started:

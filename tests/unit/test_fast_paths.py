@@ -691,3 +691,33 @@ def test_no_statement_of_a_tick_walks_the_jobs_or_attempts_that_ended(tmp_path) 
     for name in ("jobs_queued", "jobs_queue", "jobs_not_before", "jobs_kinds"):
         assert plans[name].endswith("WHERE state = 'queued'"), plans[name]
     assert plans["attempts_state"].endswith("WHERE state IN ('launching', 'running')")
+
+
+def test_a_tick_commits_a_launch_and_the_waits_it_leaves_together_and_an_idle_one_nothing(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A commit costs ~0.1 ms, a refill tick ~3 ms. A tick that reaps one job and starts the
+    next commits three times: the reap, the attempt recorded ``launching`` before its start, and
+    the attempt ``running`` with why the jobs still queued wait (which was a fourth). A tick
+    with every slot busy and nothing new to say writes nothing, and takes the write lock only
+    to look for ended jobs (it took it twice more for nothing, keeping a ``submit`` waiting)."""
+    from gpusched.model import GpuPlan
+    from tests.unit.test_scheduler import World, make_suite
+
+    world = World(tmp_path, GpuPlan(gpus=(0, 1), slots=(1, 1)))
+    world.submit(make_suite(tmp_path, n=6))
+    world.tick()
+    sent: list[str] = []
+    world.store.db.set_trace_callback(sent.append)
+    world.tick()
+    assert [s for s in sent if s.startswith(("BEGIN", "SAVEPOINT", "UPDATE", "INSERT"))] == [
+        "BEGIN IMMEDIATE"
+    ]
+    (a, _) = world.store.live_attempts()
+    world.ex.finish(a.token, exit_code=0)
+    sent.clear()
+    world.tick()
+    world.store.db.set_trace_callback(None)
+    assert sum(s.startswith("BEGIN") for s in sent) == 3
+    assert sum(s == "COMMIT" for s in sent) == 3
+    queued = world.store.jobs(states=["queued"])
+    assert len(queued) == 3 and all(j.wait_reason for j in queued)
+    assert world.state(a.job_id).value == "succeeded" and len(world.store.live_attempts()) == 2
