@@ -23,7 +23,7 @@ from gpusched import disk, memory, memwatch, outcome, placement, predict
 from gpusched.attempt import AttemptPaths, materialize
 from gpusched.command import script_of
 from gpusched.errors import GpuschedError
-from gpusched.executors import Executor, Handle, LaunchRequest, launch_many
+from gpusched.executors import Executor, Handle, LaunchRequest, launch_each, launch_many
 from gpusched.gpus import Probe
 from gpusched.model import (
     GPU_LOST_WHY,
@@ -798,11 +798,12 @@ class Scheduler:
         waits: dict[str, str],
     ) -> None:
         """Start a tick's placements in three steps: record every attempt ``launching`` with
-        its token (one commit), write their attempt directories and start them (a backend
-        with ``launch_many`` starts its share at once), then record them ``running``, with
-        why the jobs left queued wait (``waits``, :meth:`Store.set_waits`), in one commit. A
-        crash between the steps leaves attempts ``launching``, which :meth:`reconcile`
-        settles by their tokens: nothing is ever started twice."""
+        its token (one commit), write their attempt directories and start them (each as soon as
+        its files are written; a backend with ``launch_many`` starts its share at once, once
+        all are), then record them ``running``, with why the jobs left queued wait (``waits``,
+        :meth:`Store.set_waits`), in one commit. A crash between the steps leaves attempts
+        ``launching``, which :meth:`reconcile` settles by their tokens: nothing is ever started
+        twice."""
         if not items:
             self.store.set_waits(waits)
             return
@@ -826,8 +827,17 @@ class Scheduler:
                 )
             except Exception as e:  # a launch that fails must not wedge the job in "running"
                 started.append((b, e))
-            else:
+                continue
+            try:
+                ex = self.executors[b.suite_row.backend]
+            except Exception as e:  # the backend itself is missing or broken
+                started.append((b, e))
+                continue
+            if hasattr(ex, "launch_many"):  # (tmux: one round trip to its server for them all)
                 ready.setdefault(b.suite_row.backend, []).append(b)
+                continue
+            # started at once: its wrapper runs on another core while the next one's files are written
+            started += zip([b], launch_each(ex, [b.request]), strict=True)
         for backend, group in ready.items():
             try:
                 handles = launch_many(self.executors[backend], [b.request for b in group])
