@@ -46,9 +46,10 @@ part() {  # part NAME LIMIT_S COMMAND...: one part, its output to OUT_DIR/NAME.t
     echo "--- $name: exit ${PIPESTATUS[0]} after $((SECONDS - t)) s" | tee -a "$out/$name.txt"
 }
 part dispatch 150 env TMPDIR=/dev/shm python3 benchmarks/bench_dispatch.py --repeat 3
-if [ -d .launcher/gpusched ]; then  # three rounds of plain processes, this tree and the branch in turn
-    part launcher 120 bash -c 'for r in 1 2 3; do for t in "$PWD" "$PWD/.launcher"; do
-        echo "tree: $t"; PYTHONPATH=$t:/tmp/site TMPDIR=/dev/shm \
+if [ -d .launcher/gpusched ]; then  # three rounds of plain processes: this tree, the branch (ticks
+    # at most every 4 ms while jobs keep ending, its default, and every 8 ms), in turn
+    part launcher 150 bash -c 'for r in 1 2 3; do for c in "$PWD 0.004" "$PWD/.launcher 0.004" "$PWD/.launcher 0.008"; do
+        set -- $c; echo "tree: $1 gather: $2"; GPUSCHED_GATHER_S=$2 PYTHONPATH=$1:/tmp/site TMPDIR=/dev/shm \
             python3 benchmarks/bench_dispatch.py --only "gpusched (subprocess)"; done; done'
 fi
 part gpu_checks 270 bash benchmarks/gpu_checks.sh "$steps"
