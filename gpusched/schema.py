@@ -98,7 +98,6 @@ CREATE TABLE IF NOT EXISTS attempts (
 );
 -- the attempts that hold a slot (launching, running), and no other: an attempt leaves it at its end
 CREATE INDEX IF NOT EXISTS attempts_state ON attempts(state) WHERE state IN ('launching', 'running');
-CREATE INDEX IF NOT EXISTS attempts_job ON attempts(job_id, n);
 -- the attempts that say something about memory: memwatch's history reads only these, however many
 -- attempts ended without a peak
 CREATE INDEX IF NOT EXISTS attempts_peaks ON attempts(job_id) WHERE peak_mib IS NOT NULL OR outcome = 'oom';
@@ -187,5 +186,6 @@ INDEXES: dict[str, str] = {
 
 #: Indexes an older gpusched made that this one does without: dropped on open. ``jobs_state``
 #: (every job by state) went when the queue's indexes became the queued jobs' only; a state's
-#: jobs are found through ``jobs_state_suite``.
-RETIRED_INDEXES = ("jobs_state",)
+#: jobs are found through ``jobs_state_suite``. ``attempts_job`` was the index SQLite already
+#: keeps for ``UNIQUE(job_id, n)``, written twice at every launch.
+RETIRED_INDEXES = ("jobs_state", "attempts_job")

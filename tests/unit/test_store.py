@@ -289,7 +289,8 @@ def test_an_older_gpusched_s_indexes_are_made_again_as_this_one_defines_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Stop 38 made the queue's indexes and the live attempts' partial (they hold the queued
-    jobs, the live attempts, only) and dropped jobs_state. A database an older gpusched wrote
+    jobs, the live attempts, only) and dropped jobs_state and attempts_job (a copy of the
+    index of UNIQUE(job_id, n)). A database an older gpusched wrote
     keeps its jobs and gets exactly this version's indexes on its next read-write open, in one
     transaction; an up-to-date one is only read (no index dropped or made)."""
     from gpusched.model import GpuPlan
@@ -306,6 +307,7 @@ def test_an_older_gpusched_s_indexes_are_made_again_as_this_one_defines_them(
         " CREATE INDEX jobs_state ON jobs(state);"
         " CREATE INDEX jobs_queue ON jobs(state, priority DESC, seq);"
         " CREATE INDEX attempts_state ON attempts(state);"
+        " CREATE INDEX attempts_job ON attempts(job_id, n);"
     )
     store.db.close()
 
@@ -350,3 +352,20 @@ def test_an_sqlite_too_old_for_the_store_is_one_clear_line_before_anything_is_wr
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "needs SQLite 3.24.0 or later" in err[0] and "Traceback" not in err[0]
     assert not (home / "gpusched.db").exists()
+
+
+def test_no_index_is_written_twice_at_each_change(tmp_path: Path) -> None:
+    """Every index costs each insert and each move of a row that it holds: no two indexes of a
+    table hold the same columns over the same rows (``attempts_job`` did: SQLite already keeps
+    the index of ``UNIQUE(job_id, n)``)."""
+    store = Store(tmp_path / "gs.db")
+    tables = [r[0] for r in store.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    for table in tables:
+        seen: dict[tuple[object, ...], str] = {}
+        for index in store.db.execute(f"PRAGMA index_list({table})").fetchall():
+            name, partial = index["name"], index["partial"]
+            cols = tuple(r["name"] for r in store.db.execute(f"PRAGMA index_info({name})"))
+            where = store.db.execute("SELECT sql FROM sqlite_master WHERE name = ?", (name,)).fetchone()
+            key = (cols, where[0].partition(" WHERE ")[2] if partial and where else "")
+            assert key not in seen, f"{table}: {name} holds what {seen[key]} holds"
+            seen[key] = name
