@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    _import_msgspec_alone()  # (after the parse: --version and --help need none of it)
     try:
         return int(args.func(args) or 0)
     except GpuschedError as e:
@@ -103,6 +104,22 @@ COMMANDS = (
     "simulate",
     "report",
 )
+
+
+def _import_msgspec_alone() -> None:
+    """Import msgspec (every command's records) without typing_extensions, which msgspec takes
+    when installed (torch installs it) and which imports ``inspect``: ~7 ms of every command,
+    `status` and the daemon's start included. Without it msgspec uses ``typing``'s own
+    ``get_type_hints``, ``Required`` and ``NotRequired``, which on Python 3.11+ are the same;
+    gpusched's records use ``typing`` only. The block lasts for msgspec's import alone, and only
+    in gpusched's own processes (never in a job's, which may import gpusched.runtime)."""
+    if "msgspec" in sys.modules or "typing_extensions" in sys.modules:
+        return
+    sys.modules["typing_extensions"] = None  # type: ignore[assignment]  # (an import of it fails)
+    try:
+        import msgspec  # noqa: F401
+    finally:
+        del sys.modules["typing_extensions"]
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
