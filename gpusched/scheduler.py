@@ -825,19 +825,15 @@ class Scheduler:
                     env_file=b.suite_row.env_path,
                     run_since=self.store.run_since(b.job) if b.suite_row.suite.resume else None,
                 )
+                ex = self.executors[b.suite_row.backend]  # (or the backend itself is missing or broken)
             except Exception as e:  # a launch that fails must not wedge the job in "running"
-                started.append((b, e))
-                continue
-            try:
-                ex = self.executors[b.suite_row.backend]
-            except Exception as e:  # the backend itself is missing or broken
                 started.append((b, e))
                 continue
             if hasattr(ex, "launch_many"):  # (tmux: one round trip to its server for them all)
                 ready.setdefault(b.suite_row.backend, []).append(b)
-                continue
-            # started at once: its wrapper runs on another core while the next one's files are written
-            started += zip([b], launch_each(ex, [b.request]), strict=True)
+            else:  # started at once: its wrapper runs on another core while the next one's files are written
+                (handle,) = launch_each(ex, [b.request])
+                started.append((b, handle))
         for backend, group in ready.items():
             try:
                 handles = launch_many(self.executors[backend], [b.request for b in group])
