@@ -13,6 +13,13 @@ Two "floor" rows run gpusched's own per-job work without its scheduler (the same
 directories and wrapper, started by the same executors, refilled on the same FIFO pokes, but
 no SQLite, placement or ticks): the gap between a floor and gpusched's row is the scheduler's
 cost, and the floor itself is what the attempt-directory contract costs on this machine.
+
+Besides the wall time, each row gives the machine's CPU over the run (``/proc/stat``: every
+process, the tool's and its jobs', while the run lasted), a job's share of it, and how many
+cores were busy on average. Where two tools spend the same CPU a job, the one that keeps more
+cores busy finishes first; on a machine with few cores, one that spends more CPU cannot. For
+gpusched the log line also splits it: the daemon's own, and its wrappers' (or the tmux
+server's and its panes').
 """
 
 from __future__ import annotations
@@ -29,25 +36,51 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import Sandbox, machine, median, sandbox, table
+from _harness import Sandbox, Span, Took, daemon_pid, machine, median, sandbox, table
 
 
-def gpusched(backend: str) -> Callable[[int, int], float]:
-    def run(n: int, slots: int) -> float:
+def gpusched(backend: str) -> Callable[[int, int], Took]:
+    def run(n: int, slots: int) -> Took:
         with sandbox() as sb:
             sb.write_plan("noop", n)
             env = sb.env(GPUSCHED_FAKE_GPUS=f"{slots}x24GiB")
-            t0 = time.time()
+            span = Span()
             plan = ",".join("1" * slots)
             sb.cli("submit", "--suite", "noop", "--gpu-plan", plan, "--backend", backend, env=env)
-            t1 = sb.wait_all_done(n)
+            took = span.took(sb.wait_all_done(n))
             bad = {k: v for k, v in sb.counts().items() if k != "succeeded"}
             if bad:
                 raise RuntimeError(f"gpusched {backend}: not all jobs succeeded: {bad}")
-            print(f"    gpusched ({backend}): {_ticks(sb, t0)}", file=sys.stderr)
-            return t1 - t0
+            print(f"    gpusched ({backend}): {_ticks(sb, span.t0)}; {_cpu(sb, n, backend)}", file=sys.stderr)
+            return took
 
     return run
+
+
+def _cpu(sb: Sandbox, n: int, backend: str) -> str:
+    """The CPU a job of the daemon and of what ran the jobs, from the kernel's count for each
+    process (``/proc/PID/stat``: its own user and system time, and its reaped children's).
+    Plain processes: the wrappers are the daemon's children. tmux: the panes are the tmux
+    server's, so its own time and its children's are given. Read once every job is done: the
+    daemon's start and first imports are in its figure."""
+    hz = os.sysconf("SC_CLK_TCK")
+
+    def times(pid: int) -> tuple[float, float]:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        utime, stime, cutime, cstime = (int(x) / hz for x in fields[11:15])
+        return utime + stime, cutime + cstime
+
+    ms = lambda s: f"{1000 * s / n:.2f} ms"  # noqa: E731
+    try:
+        own, children = times(daemon_pid(sb))
+        if backend != "tmux":
+            return f"CPU a job: daemon {ms(own)}, its wrappers {ms(children)}"
+        sock = str(sb.home / "tmux.sock")
+        pid = subprocess.run(["tmux", "-S", sock, "display", "-p", "#{pid}"], capture_output=True, text=True)
+        server, panes = times(int(pid.stdout))
+        return f"CPU a job: daemon {ms(own)}, tmux server {ms(server)}, its panes {ms(panes)}"
+    except (OSError, ValueError, KeyError):
+        return "CPU not read"
 
 
 def _ticks(sb: Sandbox, t0: float) -> str:
@@ -68,14 +101,14 @@ def _ticks(sb: Sandbox, t0: float) -> str:
     )
 
 
-def floor(backend: str) -> Callable[[int, int], float]:
+def floor(backend: str) -> Callable[[int, int], Took]:
     """gpusched's per-job work without its scheduler: each job's attempt directory written by
     ``attempt.materialize`` and started by the backend's own executor (``launch_many``), at
     most ``slots`` at a time, refilled as the wrappers poke a FIFO, just as the daemon is
     woken. No SQLite, no placement, no ticks: what the attempt directory and the wrapper
     cost on this machine, the part of gpusched's time no scheduling work can take away."""
 
-    def run(n: int, slots: int) -> float:
+    def run(n: int, slots: int) -> Took:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
         import select
 
@@ -90,7 +123,7 @@ def floor(backend: str) -> Callable[[int, int], float]:
             wake = str(sb.root / "wake")
             os.mkfifo(wake)
             fd = os.open(wake, os.O_RDWR | os.O_NONBLOCK)
-            t0 = time.time()
+            span = Span()
             suite = plan.load_suite("noop", cwd=sb.project)
             ex = make_executor(backend, home)
             queue, running = list(suite.jobs), {}
@@ -125,13 +158,14 @@ def floor(backend: str) -> Callable[[int, int], float]:
                 if running and select.select([fd], [], [], 1.0)[0]:
                     with contextlib.suppress(BlockingIOError):
                         os.read(fd, 4096)  # the pokes since the last look: one read takes them all
+            took = span.took()
             os.close(fd)
-            return time.time() - t0
+            return took
 
     return run
 
 
-def tmux_alone(n: int, slots: int) -> float:
+def tmux_alone(n: int, slots: int) -> Took:
     """A tmux window per job and nothing else: ``new-window 'true; echo >FIFO'``, a tick's
     windows in one tmux exec, at most ``slots`` open, refilled on the FIFO's pokes (one byte a
     job). No attempt directory, no wrapper, no log, no scheduler; each window closes when its
@@ -147,7 +181,7 @@ def tmux_alone(n: int, slots: int) -> float:
         env = {k: v for k, v in os.environ.items() if k != "TMUX"}
         subprocess.run([*tm, "new-session", "-d", "-s", "b", "sleep 3600"], env=env, check=True)
         try:
-            t0 = time.time()
+            span = Span()
             started = ended = 0
             while ended < n:
                 k = min(slots - (started - ended), n - started)
@@ -160,7 +194,7 @@ def tmux_alone(n: int, slots: int) -> float:
                 if select.select([fd], [], [], 1.0)[0]:
                     with contextlib.suppress(BlockingIOError):
                         ended += len(os.read(fd, 65536))
-            return time.time() - t0
+            return span.took()
         finally:
             os.close(fd)
             subprocess.run([*tm, "kill-server"], env=env, capture_output=True, check=False)
@@ -174,7 +208,7 @@ def _tsp_binary() -> str | None:
     return shutil.which("tsp")
 
 
-def tsp(n: int, slots: int) -> float:
+def tsp(n: int, slots: int) -> Took:
     binary = _tsp_binary()
     with sandbox() as sb:
         env = {
@@ -184,21 +218,21 @@ def tsp(n: int, slots: int) -> float:
             "TS_MAXFINISHED": str(n + 10),
         }
         try:
-            t0 = time.time()
+            span = Span()
             subprocess.run([binary, "-S", str(slots)], env=env, check=True, capture_output=True)
             loop = f'i=0; while [ $i -lt {n} ]; do "$0" true >/dev/null; i=$((i+1)); done'
             subprocess.run(["sh", "-c", loop, binary], env=env, check=True)
             while True:
                 out = subprocess.run([binary, "-l"], env=env, capture_output=True, text=True).stdout
                 if sum(" finished " in line for line in out.splitlines()) >= n:
-                    return time.time() - t0
+                    return span.took()
                 time.sleep(0.005)
         finally:
             subprocess.run([binary, "-K"], env=env, capture_output=True, check=False)
 
 
-def parallel(n: int, slots: int) -> float:
-    t0 = time.time()
+def parallel(n: int, slots: int) -> Took:
+    span = Span()
     subprocess.run(
         ["parallel", f"-j{slots}", "true"],
         input="\n".join(map(str, range(n))) + "\n",
@@ -206,17 +240,17 @@ def parallel(n: int, slots: int) -> float:
         check=True,
         capture_output=True,
     )
-    return time.time() - t0
+    return span.took()
 
 
-def simple_gpu_scheduler(n: int, slots: int) -> float:
+def simple_gpu_scheduler(n: int, slots: int) -> Took:
     argv = [sys.executable, "-m", "simple_gpu_scheduler.scheduler", "--gpus", *map(str, range(slots))]
-    t0 = time.time()
+    span = Span()
     subprocess.run(argv, input="true\n" * n, text=True, check=True, capture_output=True)
-    return time.time() - t0
+    return span.took()
 
 
-TOOLS: dict[str, tuple[Callable[[int, int], float], Callable[[], bool]]] = {
+TOOLS: dict[str, tuple[Callable[[int, int], Took], Callable[[], bool]]] = {
     "gpusched (subprocess)": (gpusched("subprocess"), lambda: True),
     "gpusched (tmux)": (gpusched("tmux"), lambda: bool(shutil.which("tmux"))),
     "floor: gpusched's files + wrapper, no scheduler (subprocess)": (floor("subprocess"), lambda: True),
@@ -244,8 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="rounds of every tool in turn; the median is shown")
     ap.add_argument("--only", help="comma-separated substrings of tool names to run")
     args = ap.parse_args(argv)
-    results: dict[str, float | str] = {}
-    chosen: dict[str, Callable[[int, int], float]] = {}
+    results: dict[str, Took | str] = {}
+    chosen: dict[str, Callable[[int, int], Took]] = {}
     for name, (fn, available) in TOOLS.items():
         if args.only and not any(s.strip() and s.strip() in name for s in args.only.split(",")):
             continue
@@ -255,22 +289,24 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = "not installed"
     # Round by round, every tool once a round: a slow minute of a shared machine then slows one
     # run of each tool, not all of one tool's runs (single runs move by a quarter on some VMs).
-    times: dict[str, list[float]] = {name: [] for name in chosen}
+    runs: dict[str, list[Took]] = {name: [] for name in chosen}
     for _ in range(args.repeat):
         for name, fn in chosen.items():
-            times[name].append(fn(args.jobs, args.slots))
-    for name, ts in times.items():
-        results[name] = median(ts)
-        print(f"  {name}: {', '.join(f'{t:.2f}' for t in ts)} s", file=sys.stderr)
+            runs[name].append(fn(args.jobs, args.slots))
+    for name, took in runs.items():
+        results[name] = Took(median([t.wall_s for t in took]), median([t.cpu_s for t in took]))
+        walls = ", ".join(f"{t.wall_s:.2f}" for t in took)
+        print(f"  {name}: {walls} s; CPU {', '.join(f'{t.cpu_s:.2f}' for t in took)} core-s", file=sys.stderr)
     results = {name: results[name] for name in TOOLS if name in results}  # the table in TOOLS' order
-    ref = {k: v for k, v in results.items() if isinstance(v, float)}
+    ref = {k: v.wall_s for k, v in results.items() if isinstance(v, Took)}
     tsp_t = next((v for k, v in ref.items() if k.startswith("task-spooler")), None)
     par_t = next((v for k, v in ref.items() if k.startswith("GNU parallel")), None)
     rows = []
-    for name, t in results.items():
-        if isinstance(t, str):
-            rows.append([name, t, "", "", ""])
+    for name, took in results.items():
+        if isinstance(took, str):
+            rows.append([name, took, "", "", "", "", ""])
             continue
+        t = took.wall_s
         rows.append(
             [
                 name,
@@ -278,10 +314,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.jobs / t:.0f}",
                 f"{t / tsp_t:.2f}x" if tsp_t else "",
                 f"{t / par_t:.2f}x" if par_t else "",
+                f"{1000 * took.cpu_s / args.jobs:.2f}",
+                f"{took.cpu_s / t:.2f}",
             ]
         )
     print(f"Dispatch: {args.jobs} no-op jobs over {args.slots} slots ({machine()})\n")
-    print(table(["tool", "wall s", "jobs/s", "vs tsp", "vs parallel"], rows))
+    print(table(["tool", "wall s", "jobs/s", "vs tsp", "vs parallel", "CPU ms a job", "cores busy"], rows))
     return 0
 
 
