@@ -10,12 +10,17 @@
       pid           the wrapper's PID, written before the job starts (mtime: the start time)
       exit.json     exit code and signal, written by the wrapper when the job ends (mtime: the end time)
       runtime.json  optional: peak memory / steps / OOM, written by gpusched.runtime inside the job
+      .output.pipe  in a tmux pane, while the attempt runs: the FIFO through which the wrapper's
+                    tee takes the job's output to the pane and output.log (made by the tmux
+                    executor, removed once the attempt is reaped; hidden, so a `tail -f *` or
+                    `cat *` of the folder never reads from it and takes output from the log)
 
 :class:`AttemptPaths` owns every one of these paths; nothing else spells them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -75,6 +80,27 @@ class AttemptPaths(Struct, frozen=True):
     @property
     def runtime(self) -> Path:
         return Path(self.dir, RUNTIME)
+
+    @property
+    def pipe(self) -> Path:
+        return Path(self.dir, PIPE)
+
+    def make_pipe(self) -> bool:
+        """Make the folder's :data:`PIPE` FIFO (kept if there); False where the filesystem
+        has no FIFOs, and the wrapper then tees through a pipeline of its own."""
+        try:
+            os.mkfifo(self.file(PIPE), 0o600)
+        except FileExistsError:
+            pass
+        except OSError:
+            return False
+        return True
+
+    def drop_pipe(self) -> None:
+        """Remove the folder's :data:`PIPE`, if any: once the attempt is reaped, nothing reads
+        or writes it again. Never raises (a launch that failed may have no folder at all)."""
+        with contextlib.suppress(OSError):
+            os.unlink(self.file(PIPE))
 
     def file(self, name: str) -> str:
         """The path of one of the files above (:data:`OUTPUT`...) as text: no ``Path`` built."""
@@ -146,13 +172,14 @@ class AttemptPaths(Struct, frozen=True):
 
 
 #: The attempt directory's files (see the module's docstring).
-CONFIG, LAUNCH, OUTPUT, PID, EXIT, RUNTIME = (
+CONFIG, LAUNCH, OUTPUT, PID, EXIT, RUNTIME, PIPE = (
     "config.yaml",
     "launch.sh",
     "output.log",
     "pid",
     "exit.json",
     "runtime.json",
+    ".output.pipe",
 )
 
 

@@ -313,6 +313,7 @@ class Scheduler:
         if came:
             self.store.add_arrival(a.id, [p.pid for p in came], _held(came))
         self.store.finish_attempt(a.id, exit=exit_rec, result=result, step=step, now=now)
+        paths.drop_pipe()  # (a tmux pane's: its wrapper's tee is done with it)
         if card is not None:
             self._count_fault(a, result, now)
         self._term_sent.pop(a.id, None)
@@ -852,6 +853,7 @@ class Scheduler:
                     if err is not None:
                         machine.append(f"the launch of {b.job.id} failed: {err} (in {b.paths.dir})")
                     self._launch_failed(b.attempt_id, b.job, handle, now, uncharged=err is not None)
+                    b.paths.drop_pipe()  # (a tmux launch makes it first)
                     continue
                 tier = b.suite_row.suite.tiers[b.placement.tier]
                 report.launched.append((b.job.id, b.placement.gpu, tier.name))
@@ -1033,4 +1035,5 @@ class Scheduler:
             "interrupted before it started (not counted as lost)",
         )
         self.store.finish_attempt(a.id, exit=None, result=result, step=step, now=now, count_lost=False)
+        AttemptPaths(a.dir).drop_pipe()  # (a tmux launch cut short may have made it)
         self.on_event(f"{a.job_id}: attempt {a.n} ({a.tier_name}) never started -> {step.reason}")

@@ -13,8 +13,9 @@
 #   - then pokes the daemon's wake FIFO ($GPUSCHED_WAKE) so a freed slot is refilled at once,
 #     and exits with the job's status.
 # It is POSIX sh on purpose, and starts no program of its own in "file" mode (only tee in
-# "tee" mode): every step is a shell builtin, because on a busy machine each exec costs about
-# a millisecond, and that is what dispatching a thousand short jobs is made of. So the clock
+# "tee" mode, reading the folder's .output.pipe FIFO where there is one): every step is a
+# shell builtin, because on a busy machine each exec costs about a millisecond, and that is
+# what dispatching a thousand short jobs is made of. So the clock
 # is the kernel's (file mtimes, not `date`), and exit.json is one short write instead of a
 # temp file and `mv`: a reader sees a whole JSON object or none (a cut-short prefix does not
 # parse), and the daemon only trusts a missing or partial one once this process is gone.
@@ -26,8 +27,26 @@ trap 'caught=15' TERM
 trap 'caught=2' INT
 trap 'caught=1' HUP
 printf '%s\n' "$$" >"$dir/pid"
-if [ "$mode" = tee ]; then
-    # the output goes through tee to this terminal (fd 4); the exit status comes back on fd 3
+pipe=$dir/.output.pipe
+if [ "$mode" = tee ] && [ -p "$pipe" ]; then
+    # The output goes through tee to this terminal and output.log by way of the FIFO the
+    # tmux executor made: two processes fewer than the pipeline below, whose exit status
+    # must be fetched back. Started in the background, tee ignores SIGINT (as sh starts
+    # every background command): a Ctrl-C in the pane stops the job, and what the job
+    # prints as it stops, a KeyboardInterrupt's traceback, still reaches output.log.
+    LC_ALL=C tee -a "$dir/output.log" <"$pipe" &
+    tee=$!
+    (set --; . "$dir/launch.sh") >"$pipe" 2>&1
+    rc=$?
+    : 1<>"$pipe" # a tee still waiting for the job's output to open (it never did) gets its end
+    while :; do
+        wait "$tee"
+        [ $? -gt 128 ] && kill -0 "$tee" 2>/dev/null || break # (a trapped signal cut the wait short)
+    done
+elif [ "$mode" = tee ]; then
+    # (an attempt folder without the FIFO: made by an older gpusched, or on a filesystem
+    # without FIFOs) the output goes through tee to this terminal (fd 4); the exit status
+    # comes back on fd 3
     exec 4>&1
     rc=$({ { (set --; . "$dir/launch.sh") 2>&1 3>&- 4>&-; echo $? >&3; } |
         LC_ALL=C tee -a "$dir/output.log" >&4 3>&-; } 3>&1)

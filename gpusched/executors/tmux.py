@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from msgspec import Struct
 
 from gpusched import proc
+from gpusched.attempt import AttemptPaths
 from gpusched.errors import CommandFailed, ExecutorError
 from gpusched.executors import (
     TOKEN_ENV,
@@ -259,6 +260,7 @@ class TmuxExecutor:
         self._prepare()
         if not self._known:
             self._refresh()
+        AttemptPaths(req.attempt_dir).make_pipe()  # (the wrapper's tee reads it)
         sess = session_name(req.suite)
         for fresh in (False, True):
             new_session = sess not in self._sessions
@@ -304,6 +306,7 @@ class TmuxExecutor:
         argv: list[str] = []
         replaced: list[str] = []
         for req in reqs:
+            AttemptPaths(req.attempt_dir).make_pipe()  # (the wrapper's tee reads it)
             sess = session_name(req.suite)
             argv += [";"] if argv else []
             argv += launch_argv(req, new_session=sess not in sessions)

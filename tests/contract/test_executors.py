@@ -398,6 +398,53 @@ def test_dead_pane_stays_with_the_exit_line(tmux_bench: Bench) -> None:
     assert found[req.token]["pane"] == h["pane"]
 
 
+def test_a_pane_tees_the_job_s_output_through_its_attempt_folder_s_hidden_fifo(tmux_bench: Bench) -> None:
+    """The executor makes ``.output.pipe`` before the pane starts, and the wrapper's tee reads
+    the job's output from it (two processes fewer a job than a pipeline): the output reaches
+    both the log and the pane, the exit code is the job's."""
+    h, paths, _ = tmux_bench.launch(GATED)
+    assert stat.S_ISFIFO(os.stat(paths.dir / ".output.pipe").st_mode)
+    retry_until((paths.dir / "started").exists)
+    tee = retry_until(lambda: [c for c in psutil.Process(h["pid"]).children() if c.name() == "tee"])
+    assert [os.path.realpath(f"/proc/{tee[0].pid}/fd/0")] == [str(paths.dir / ".output.pipe")]
+    (paths.dir / "gate").touch()
+    assert exited(paths)["exit_code"] == 0
+    assert paths.output.read_text().splitlines() == ["done"]
+    retry_until(lambda: "done" in tmux_bench.tx.capture(h, lines=50))
+
+
+def test_a_ctrl_c_in_the_pane_keeps_what_the_job_prints_as_it_stops(tmux_bench: Bench) -> None:
+    """Ctrl-C in an attached pane interrupts the whole group. The job's last words (a
+    KeyboardInterrupt's traceback, a "saving..." line) still reach output.log, and exit.json
+    has the job's own status: tee, started in the background, ignores SIGINT. (It was a
+    pipeline element once, interrupted with the job: the last words were lost, and so was
+    the exit code.)"""
+    job = "trap 'echo \"stopping: saved step 7\"; exit 130' INT\n" + GATED
+    h, paths, _ = tmux_bench.launch(job)
+    retry_until((paths.dir / "started").exists)
+    tmux_bench.tmux("send-keys", "-t", h["pane"], "C-c")
+    rec = exited(paths)
+    assert rec["exit_code"] == 130 and rec["signal"] == 2
+    assert "stopping: saved step 7" in paths.output.read_text()
+
+
+def test_the_wrapper_tees_without_the_fifo_too(tmp_path: Path) -> None:
+    """An attempt folder with no FIFO (made by an older gpusched, or on a filesystem without
+    FIFOs) gets the pipeline: the same output on the terminal and in the log, the same
+    status."""
+    paths = AttemptPaths(tmp_path / "1-A")
+    paths.dir.mkdir()
+    paths.launch.write_text(EXIT3)
+    r = proc.run(
+        ["sh", str(WRAPPER), str(paths.dir), "tee"], check=False, env={**os.environ, "GPUSCHED_JOB_ID": "s/j"}
+    )
+    assert r.returncode == 3
+    assert r.stdout.startswith("hi\n") and "[gpusched] s/j exited: code=3 signal=null" in r.stdout
+    assert paths.output.read_text() == "hi\n"
+    assert exited(paths)["exit_code"] == 3
+    assert not paths.pipe.exists()
+
+
 def test_terminated_pane_says_signal_15(tmux_bench: Bench) -> None:
     h, paths, _ = tmux_bench.launch(GATED)
     retry_until((paths.dir / "started").exists)

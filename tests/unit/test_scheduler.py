@@ -140,6 +140,23 @@ def test_a_freed_slot_is_refilled_on_the_next_tick(world: World, tmp_path: Path)
     assert world.state(done) is JobState.SUCCEEDED
 
 
+def test_an_ended_attempt_s_folder_keeps_no_fifo(world: World, tmp_path: Path) -> None:
+    """A tmux pane's wrapper tees the job's output through the attempt folder's FIFO, which
+    the tmux executor makes at launch: once the attempt is reaped it goes, whatever the
+    outcome, and with it any chance of a later reader blocking on it."""
+    world.submit(make_suite(tmp_path, n=2))
+    launched = [job for job, _, _ in world.tick().launched]
+    fifos = {}
+    for job in launched:
+        (attempt,) = world.store.attempts(job)
+        fifos[job] = Path(attempt.dir, ".output.pipe")
+        os.mkfifo(fifos[job])  # as TmuxExecutor.launch makes it
+    world.ex.finish(world.ex.token_of(launched[0]), exit_code=0)
+    world.ex.finish(world.ex.token_of(launched[1]), exit_code=1)
+    assert sorted(outcome for _, outcome in world.tick().reaped) == ["error", "ok"]
+    assert not any(f.exists() for f in fifos.values())
+
+
 def test_oom_walks_down_the_ladder_keeping_the_effective_batch_and_resumes(
     world: World, tmp_path: Path
 ) -> None:
