@@ -112,7 +112,8 @@ class Sandbox:
         Light on the machine it measures: one read-only connection, kept open, asks SQLite
         every ``poll_s`` whether anyone committed since (``PRAGMA data_version``, no file is
         opened) and counts the jobs only then. Opening the database and counting at every
-        poll, as this did before stop 39, took 3-7 % off gpusched's dispatch on 2 cores."""
+        poll, as this did before stop 39, cost the harness itself 0.19 s of CPU in a
+        1,000-job dispatch on 2 cores, against 0.105 s now."""
         deadline = time.monotonic() + timeout_s
         db, seen = None, None
         try:

@@ -5,7 +5,10 @@ lands on it; ``remain-on-exit`` keeps a finished pane (and its last lines) on sc
 pane's process is the wrapper itself (tmux execs a multi-word command without a shell), and
 tmux makes it the leader of a new session and process group, so cancelling signals the whole
 job. The pane carries its attempt's token and job id in user options, so a restarted daemon
-lists every attempt with one ``list-panes`` call.
+lists every attempt with one ``list-panes`` call. Before a pane starts, the executor makes its
+attempt folder's FIFO (:attr:`~gpusched.attempt.AttemptPaths.pipe`), through which the wrapper's
+``tee``, started in the background, shows the job's output in the pane and appends it to
+output.log (a pipeline costs two more processes a job, and a Ctrl-C in the pane stopped its tee).
 
 Launching costs one tmux command line in the steady state: ``new-window`` (or ``new-session``
 for a suite's first job), the tagging and, on a relaunch, closing the job's previous window are
