@@ -26,23 +26,39 @@ rc=
 trap 'caught=15' TERM
 trap 'caught=2' INT
 trap 'caught=1' HUP
+tee=
+tee_done() {
+    # wait for the background tee (what the job printed is all in output.log); a trapped
+    # signal cuts a wait short, so wait again while it runs
+    while [ -n "$tee" ]; do
+        wait "$tee"
+        [ $? -gt 128 ] && kill -0 "$tee" 2>/dev/null || tee=
+    done
+}
 printf '%s\n' "$$" >"$dir/pid"
 pipe=$dir/.output.pipe
 if [ "$mode" = tee ] && [ -p "$pipe" ]; then
     # The output goes through tee to this terminal and output.log by way of the FIFO the
     # tmux executor made: two processes fewer than the pipeline below, whose exit status
-    # must be fetched back. Started in the background, tee ignores SIGINT (as sh starts
-    # every background command): a Ctrl-C in the pane stops the job, and what the job
-    # prints as it stops, a KeyboardInterrupt's traceback, still reaches output.log.
+    # must be fetched back. tee outlives what stops the job: SIGINT (a Ctrl-C in the pane;
+    # sh starts every background command with it ignored), SIGTERM (a cancel, a limit) and
+    # SIGHUP (a closed pane) all reach the whole group, and what the job prints as it stops,
+    # a traceback, "saving checkpoint", still reaches output.log. (A tee that died with the
+    # job lost those lines, and a trainer whose SIGTERM handler printed before it saved
+    # died of the broken pipe instead of saving.) tee ends when the job's output closes.
+    trap '' TERM HUP
     LC_ALL=C tee -a "$dir/output.log" <"$pipe" &
     tee=$!
+    trap 'caught=15' TERM
+    trap 'caught=1' HUP
     (set --; . "$dir/launch.sh") >"$pipe" 2>&1
     rc=$?
     : 1<>"$pipe" # a tee still waiting for the job's output to open (it never did) gets its end
-    while :; do
-        wait "$tee"
-        [ $? -gt 128 ] && kill -0 "$tee" 2>/dev/null || break # (a trapped signal cut the wait short)
-    done
+    # The log is whole before exit.json is written, but after a SIGTERM or SIGHUP exit.json
+    # comes first: the job's processes may still be stopping (saving a checkpoint), or may
+    # ignore the signal and hold the output open, and a cancel waits for the whole group
+    # anyway (this shell and tee included) and kills what is left after its grace.
+    case $caught in 15 | 1) ;; *) tee_done ;; esac
 elif [ "$mode" = tee ]; then
     # (an attempt folder without the FIFO: made by an older gpusched, or on a filesystem
     # without FIFOs) the output goes through tee to this terminal (fd 4); the exit status
@@ -68,6 +84,9 @@ if [ -n "${GPUSCHED_WAKE:-}" ] && [ -p "$GPUSCHED_WAKE" ]; then
     # read-write open of a FIFO never blocks on Linux, whether or not the daemon listens
     { printf x >&3; } 3<>"$GPUSCHED_WAKE" 2>/dev/null
 fi
+# (in a tmux pane this shell leads the terminal's session: the job's processes would get a
+# SIGHUP if it ended first, and the checkpoint a trainer saves as it stops would be cut short)
+tee_done
 if [ "$mode" = tee ]; then
     printf '\n[gpusched] %s exited: code=%s signal=%s\n' "${GPUSCHED_JOB_ID:-job}" "$code" "$sig"
 fi

@@ -223,13 +223,42 @@ def test_force_kills_a_child_that_ignores_sigterm(bench: Bench) -> None:
     h, paths, _ = bench.launch(CHILD_IGNORES_TERM)
     child = child_pid(paths)
     bench.ex.terminate(h)
-    assert exited(paths)["signal"] == 15  # the wrapper and the job's shell are gone...
-    retry_until(lambda: not proc.is_alive(h["pid"], h["pid_started_at"]))
+    assert exited(paths)["signal"] == 15  # the job's shell is gone, and exit.json says so...
+    if bench.kind == "tmux":
+        # (the wrapper leads the pane's terminal session: it waits while the job's output is
+        # held open, here by the child, lest its exit send the job's processes a SIGHUP)
+        assert proc.is_alive(h["pid"], h["pid_started_at"])
+    else:
+        retry_until(lambda: not proc.is_alive(h["pid"], h["pid_started_at"]))
     assert running(child)  # ...but the child ignored SIGTERM and still holds the group
     assert bench.ex.alive(h)
     bench.ex.terminate(h, force=True)
     retry_until(lambda: not running(child))
     retry_until(lambda: not bench.ex.alive(h))
+
+
+# a trainer's way with SIGTERM: say so, save a checkpoint (a moment), say so again, exit
+SAVES_ON_TERM = (
+    'sh -c \'trap "echo caught SIGTERM, saving; sleep 0.3; echo ok > $0/checkpoint; echo saved; exit 143"'
+    " TERM\n"
+    'echo started > "$0/started"; while [ ! -e "$0/gate" ]; do sleep 0.02; done\' "@DIR@"\n'
+)
+
+
+def test_a_cancelled_job_finishes_saving_and_its_last_words_are_logged(bench: Bench) -> None:
+    """A cancel (or a limit) sends SIGTERM to the job's whole group, and a trainer saves a
+    checkpoint as it stops, which the next attempt resumes from. In a tmux pane the tee that
+    carries the job's output to the log and the pane was stopped with the job: the trainer's
+    "saving" line met a broken pipe and killed it before it saved, and the wrapper's exit
+    (it leads the pane's terminal session) sent what was left a SIGHUP."""
+    h, paths, _ = bench.launch(SAVES_ON_TERM)
+    retry_until((paths.dir / "started").exists)
+    bench.ex.terminate(h)
+    assert exited(paths)["signal"] == 15
+    retry_until(lambda: not bench.ex.alive(h))
+    assert (paths.dir / "checkpoint").read_text() == "ok\n"
+    log = paths.output.read_text()
+    assert "caught SIGTERM, saving" in log and "saved" in log
 
 
 def test_terminate_reaches_a_process_that_left_the_group(bench: Bench) -> None:
