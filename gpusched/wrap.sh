@@ -40,25 +40,33 @@ pipe=$dir/.output.pipe
 if [ "$mode" = tee ] && [ -p "$pipe" ]; then
     # The output goes through tee to this terminal and output.log by way of the FIFO the
     # tmux executor made: two processes fewer than the pipeline below, whose exit status
-    # must be fetched back. tee outlives what stops the job: SIGINT (a Ctrl-C in the pane;
-    # sh starts every background command with it ignored), SIGTERM (a cancel, a limit) and
-    # SIGHUP (a closed pane) all reach the whole group, and what the job prints as it stops,
-    # a traceback, "saving checkpoint", still reaches output.log. (A tee that died with the
-    # job lost those lines, and a trainer whose SIGTERM handler printed before it saved
-    # died of the broken pipe instead of saving.) tee ends when the job's output closes.
+    # must be fetched back. A Ctrl-C in the pane (SIGINT), a cancel or a limit (SIGTERM) and
+    # a closed pane (SIGHUP) reach the whole group. tee ignores them all (sh starts a
+    # background command with SIGINT ignored), so what the job prints as it stops still
+    # reaches output.log; and the subshell that runs launch.sh waits for the job's command
+    # to finish stopping before it exits, so this shell, which leads the pane's terminal
+    # session and whose exit sends what is left of the group a SIGHUP, outlives a trainer
+    # that saves a checkpoint as it stops. (Before, tee died with the job: the last lines
+    # were lost, and a trainer that printed "saving" first died of the broken pipe.)
     trap '' TERM HUP
     LC_ALL=C tee -a "$dir/output.log" <"$pipe" &
     tee=$!
     trap 'caught=15' TERM
     trap 'caught=1' HUP
-    (set --; . "$dir/launch.sh") >"$pipe" 2>&1
+    (
+        trap 'exit 130' INT
+        trap 'exit 143' TERM
+        trap 'exit 129' HUP
+        set --
+        . "$dir/launch.sh"
+    ) >"$pipe" 2>&1
     rc=$?
     : 1<>"$pipe" # a tee still waiting for the job's output to open (it never did) gets its end
-    # The log is whole before exit.json is written, but after a SIGTERM or SIGHUP exit.json
-    # comes first: the job's processes may still be stopping (saving a checkpoint), or may
-    # ignore the signal and hold the output open, and a cancel waits for the whole group
-    # anyway (this shell and tee included) and kills what is left after its grace.
-    case $caught in 15 | 1) ;; *) tee_done ;; esac
+    # The log is whole before exit.json is written, unless a signal stopped the job: then a
+    # process it left behind may hold the output open for good (a helper started with `&`
+    # ignores SIGINT), and this shell writes exit.json and goes (its exit hangs that process
+    # up, as the pane's closing would); tee writes out what is left.
+    [ -n "$caught" ] || tee_done
 elif [ "$mode" = tee ]; then
     # (an attempt folder without the FIFO: made by an older gpusched, or on a filesystem
     # without FIFOs) the output goes through tee to this terminal (fd 4); the exit status
@@ -84,9 +92,6 @@ if [ -n "${GPUSCHED_WAKE:-}" ] && [ -p "$GPUSCHED_WAKE" ]; then
     # read-write open of a FIFO never blocks on Linux, whether or not the daemon listens
     { printf x >&3; } 3<>"$GPUSCHED_WAKE" 2>/dev/null
 fi
-# (in a tmux pane this shell leads the terminal's session: the job's processes would get a
-# SIGHUP if it ended first, and the checkpoint a trainer saves as it stops would be cut short)
-tee_done
 if [ "$mode" = tee ]; then
     printf '\n[gpusched] %s exited: code=%s signal=%s\n' "${GPUSCHED_JOB_ID:-job}" "$code" "$sig"
 fi
