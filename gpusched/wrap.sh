@@ -56,7 +56,7 @@ if [ "$mode" = tee ] && [ -p "$pipe" ]; then
     (
         trap 'exit 130' INT
         trap 'exit 143' TERM
-        trap 'exit 129' HUP
+        trap 'exit' HUP # (its own status: a job that ignores the hangup may run on, and end well)
         set --
         . "$dir/launch.sh"
     ) >"$pipe" 2>&1

@@ -463,6 +463,26 @@ def test_a_ctrl_c_in_the_pane_lets_the_job_save_and_log_as_it_stops(tmux_bench: 
     retry_until(lambda: not tmux_bench.ex.alive(h))
 
 
+def test_a_job_that_ignores_a_hangup_runs_on_and_ends_with_its_own_status(tmux_bench: Bench) -> None:
+    """A hangup of the pane's group (a closed terminal) stops what does not ignore it; a job
+    that does (``nohup``) runs on, its output still logged, and its attempt ends when it ends,
+    with its own exit code. (The subshell running launch.sh died of the hangup at once: the
+    attempt ended with code 129 while the job still ran.)"""
+    job = (
+        'nohup sh -c \'echo started > "$0/started"; '
+        'while [ ! -e "$0/gate" ]; do sleep 0.02; done; echo done\' "@DIR@"\n'
+    )
+    h, paths, _ = tmux_bench.launch(job)
+    retry_until((paths.dir / "started").exists)
+    os.killpg(h["pid"], signal.SIGHUP)
+    assert retry_until(lambda: proc.group_alive(h["pid"], h["pid_started_at"]))
+    assert not paths.exit.exists()  # it runs on
+    (paths.dir / "gate").touch()
+    rec = exited(paths)
+    assert rec["exit_code"] == 0 and rec["signal"] is None
+    retry_until(lambda: "done" in paths.output.read_text())
+
+
 def test_the_wrapper_tees_without_the_fifo_too(tmp_path: Path) -> None:
     """An attempt folder with no FIFO (made by an older gpusched, or on a filesystem without
     FIFOs) gets the pipeline: the same output on the terminal and in the log, the same
