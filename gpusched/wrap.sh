@@ -35,6 +35,19 @@ tee_done() {
         [ $? -gt 128 ] && kill -0 "$tee" 2>/dev/null || tee=
     done
 }
+run_job() {
+    # launch.sh, in the subshell it is called in. On SIGINT, SIGTERM or SIGHUP the subshell
+    # waits for the job's command to finish stopping (a trainer saving its checkpoint) and
+    # then exits: 130 and 143 (a stop asked for is not a success, whatever the job's handler
+    # returns), and after a hangup the command's own status (a job that ignores it runs on).
+    # Without the traps it died at once, and exit.json said the job had ended while it
+    # still ran (and, in a tmux pane, this shell's exit hung the job up).
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+    trap 'exit' HUP
+    set --
+    . "$dir/launch.sh"
+}
 printf '%s\n' "$$" >"$dir/pid"
 pipe=$dir/.output.pipe
 if [ "$mode" = tee ] && [ -p "$pipe" ]; then
@@ -43,23 +56,16 @@ if [ "$mode" = tee ] && [ -p "$pipe" ]; then
     # must be fetched back. A Ctrl-C in the pane (SIGINT), a cancel or a limit (SIGTERM) and
     # a closed pane (SIGHUP) reach the whole group. tee ignores them all (sh starts a
     # background command with SIGINT ignored), so what the job prints as it stops still
-    # reaches output.log; and the subshell that runs launch.sh waits for the job's command
-    # to finish stopping before it exits, so this shell, which leads the pane's terminal
-    # session and whose exit sends what is left of the group a SIGHUP, outlives a trainer
-    # that saves a checkpoint as it stops. (Before, tee died with the job: the last lines
-    # were lost, and a trainer that printed "saving" first died of the broken pipe.)
+    # reaches output.log; and this shell, which leads the pane's terminal session and whose
+    # exit sends what is left of the group a SIGHUP, outlives the job's command (run_job).
+    # (Before, tee died with the job: the last lines were lost, and a trainer that printed
+    # "saving" first died of the broken pipe.)
     trap '' TERM HUP
     LC_ALL=C tee -a "$dir/output.log" <"$pipe" &
     tee=$!
     trap 'caught=15' TERM
     trap 'caught=1' HUP
-    (
-        trap 'exit 130' INT
-        trap 'exit 143' TERM
-        trap 'exit' HUP # (its own status: a job that ignores the hangup may run on, and end well)
-        set --
-        . "$dir/launch.sh"
-    ) >"$pipe" 2>&1
+    (run_job) >"$pipe" 2>&1
     rc=$?
     : 1<>"$pipe" # a tee still waiting for the job's output to open (it never did) gets its end
     # The log is whole before exit.json is written, unless a signal stopped the job: then a
@@ -72,11 +78,11 @@ elif [ "$mode" = tee ]; then
     # without FIFOs) the output goes through tee to this terminal (fd 4); the exit status
     # comes back on fd 3
     exec 4>&1
-    rc=$({ { (set --; . "$dir/launch.sh") 2>&1 3>&- 4>&-; echo $? >&3; } |
+    rc=$({ { (run_job) 2>&1 3>&- 4>&-; echo $? >&3; } |
         LC_ALL=C tee -a "$dir/output.log" >&4 3>&-; } 3>&1)
     exec 4>&-
 else
-    (set --; . "$dir/launch.sh") >>"$dir/output.log" 2>&1 </dev/null
+    (run_job) >>"$dir/output.log" 2>&1 </dev/null
     rc=$?
 fi
 code=null
