@@ -41,7 +41,9 @@ run_job() {
     # then exits: 130 and 143 (a stop asked for is not a success, whatever the job's handler
     # returns), and after a hangup the command's own status (a job that ignores it runs on).
     # Without the traps it died at once, and exit.json said the job had ended while it
-    # still ran (and, in a tmux pane, this shell's exit hung the job up).
+    # still ran (and, in a tmux pane, this shell's exit hung the job up). A signal that lands
+    # in the instant between two of launch.sh's commands misses the next one, which the
+    # subshell then waits for: a cancel then ends at its grace's SIGKILL.
     trap 'exit 130' INT
     trap 'exit 143' TERM
     trap 'exit' HUP

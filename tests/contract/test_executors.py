@@ -324,7 +324,9 @@ def test_a_job_gets_the_signals_gpusched_ignores_at_their_defaults(bench: Bench)
     try:
         _, paths, _ = bench.launch('yes | head -n 1\ngrep "^SigIgn:" /proc/self/status\n')
         exit_rec = exited(paths)
-        handle, hup, _ = bench.launch("echo started\nsleep 30\n")
+        # ("started" from the process that then sleeps: a signal sent before the job's shell
+        # forks its next command misses that command, which the shell then waits for)
+        handle, hup, _ = bench.launch("sh -c 'echo started; exec sleep 30'\n")
     finally:
         signal.signal(signal.SIGHUP, before)
     assert exit_rec["exit_code"] == 0
