@@ -15,10 +15,10 @@
 # It is POSIX sh on purpose, and starts no program of its own in "file" mode (only tee in
 # "tee" mode, reading the folder's .output.pipe FIFO where there is one): every step is a
 # shell builtin, because on a busy machine each exec costs about a millisecond, and that is
-# what dispatching a thousand short jobs is made of. So the clock
-# is the kernel's (file mtimes, not `date`), and exit.json is one short write instead of a
-# temp file and `mv`: a reader sees a whole JSON object or none (a cut-short prefix does not
-# parse), and the daemon only trusts a missing or partial one once this process is gone.
+# what dispatching a thousand short jobs is made of. So the clock is the kernel's (file
+# mtimes, not `date`), and exit.json is one short write instead of a temp file and `mv`: a
+# reader sees a whole JSON object or none (a cut-short prefix does not parse), and the daemon
+# only trusts a missing or partial one once this process is gone.
 dir=$1
 mode=${2:-tee}
 caught=
