@@ -20,7 +20,7 @@ from msgspec import Struct, field
 from msgspec.structs import replace
 
 from gpusched import disk, memory, memwatch, outcome, placement, predict
-from gpusched.attempt import AttemptPaths, materialize
+from gpusched.attempt import LAUNCH, AttemptPaths, materialize
 from gpusched.command import script_of
 from gpusched.errors import GpuschedError
 from gpusched.executors import Executor, Handle, LaunchRequest, launch_each, launch_many
@@ -119,6 +119,9 @@ class TickReport(Struct, kw_only=True):
 #: A tick that finds the wall clock this much further on than the monotonic clock since the
 #: last one finds the machine was away (:meth:`Scheduler._clock`); ticks come every second.
 AWAY_S = 30.0
+#: How long an attempt recorded ``launching`` whose files were written, with no trace of its
+#: wrapper, is looked at again rather than requeued as never started (see ``_reconcile_one``).
+START_GRACE_S = 5.0
 
 
 class Scheduler:
@@ -1007,6 +1010,11 @@ class Scheduler:
             return f"{a.job_id}: left as it is until {a.backend} answers"
         exit_rec = paths.read_exit()  # it may have ended while we looked
         if exit_rec is None and pid is None and a.state is AttemptState.LAUNCHING:
+            if now - a.launched_at < START_GRACE_S and os.path.exists(paths.file(LAUNCH)):
+                # Its files were written, so its wrapper may have been started an instant ago,
+                # and one caught in its exec shows neither its command line nor its pid file:
+                # requeued now, it could run twice. Looked at again at the next tick.
+                return ""
             job = self.store.job(a.job_id)
             if job is not None and not job.cancel_requested:
                 self._never_started(a, now)

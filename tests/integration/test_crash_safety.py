@@ -145,6 +145,30 @@ def test_killed_between_begin_attempt_and_launch_requeues_without_counting_a_los
     assert job.state is JobState.SUCCEEDED and job.lost == 0 and job.tier == 0
 
 
+def test_an_attempt_whose_files_were_written_is_not_taken_for_never_started_at_once(
+    make_world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed after the attempt's files were written, before its wrapper started: its wrapper
+    may as well have been started an instant before, and one caught in its exec shows neither
+    its command line nor its pid file. Requeued at once it could run twice (the 12-job crash
+    test below did, one run in a few dozen, under load), so it waits out START_GRACE_S."""
+    w = make_world()
+    ex = w.sched.executors["subprocess"]
+    monkeypatch.setattr(ex, "launch", _crash_on_call(1, ex.launch))
+    with pytest.raises(Crash):
+        w.tick()
+    monkeypatch.undo()
+    (a,) = w.store.attempts("c/j0")
+    assert Path(a.dir, "launch.sh").exists() and a.state.value == "launching"
+    sched = w.restart()
+    assert sched.reconcile(a.launched_at + 1) == []  # no trace yet: looked at again later
+    assert [x.state.value for x in w.store.attempts("c/j0")] == ["launching"]
+    notes = sched.reconcile(a.launched_at + scheduler.START_GRACE_S)
+    assert any("never started" in n for n in notes), notes
+    w.run_until_done()
+    assert w.launches_by_job() == {"j0": 1} and w.outcomes() == ["lost", "ok"]
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_killed_between_launch_and_mark_running_re_adopts_by_token(
     make_world: Any, monkeypatch: pytest.MonkeyPatch, backend: str
