@@ -151,7 +151,7 @@ def test_an_attempt_whose_files_were_written_is_not_taken_for_never_started_at_o
     """Killed after the attempt's files were written, before its wrapper started: its wrapper
     may as well have been started an instant before, and one caught in its exec shows neither
     its command line nor its pid file. Requeued at once it could run twice (the 12-job crash
-    test below did, one run in a few dozen, under load), so it waits out START_GRACE_S."""
+    test below did, once, in a full-suite run under load), so it waits out START_GRACE_S."""
     w = make_world()
     ex = w.sched.executors["subprocess"]
     monkeypatch.setattr(ex, "launch", _crash_on_call(1, ex.launch))
