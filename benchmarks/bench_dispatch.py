@@ -59,16 +59,15 @@ def gpusched(backend: str) -> Callable[[int, int], Took]:
 
 def _cpu(sb: Sandbox, n: int, backend: str) -> str:
     """The CPU a job of the daemon and of what ran the jobs, from the kernel's count for each
-    process (``/proc/PID/stat``: its own user and system time, and its reaped children's).
+    process (psutil's ``cpu_times``: its own user and system time, and its reaped children's).
     Plain processes: the wrappers are the daemon's children. tmux: the panes are the tmux
     server's, so its own time and its children's are given. Read once every job is done: the
     daemon's start and first imports are in its figure."""
-    hz = os.sysconf("SC_CLK_TCK")
+    import psutil
 
     def times(pid: int) -> tuple[float, float]:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        utime, stime, cutime, cstime = (int(x) / hz for x in fields[11:15])
-        return utime + stime, cutime + cstime
+        t = psutil.Process(pid).cpu_times()
+        return t.user + t.system, t.children_user + t.children_system
 
     ms = lambda s: f"{1000 * s / n:.2f} ms"  # noqa: E731
     try:
@@ -79,7 +78,7 @@ def _cpu(sb: Sandbox, n: int, backend: str) -> str:
         pid = subprocess.run(["tmux", "-S", sock, "display", "-p", "#{pid}"], capture_output=True, text=True)
         server, panes = times(int(pid.stdout))
         return f"CPU a job: daemon {ms(own)}, tmux server {ms(server)}, its panes {ms(panes)}"
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, psutil.Error):
         return "CPU not read"
 
 

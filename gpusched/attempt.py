@@ -85,16 +85,11 @@ class AttemptPaths(Struct, frozen=True):
     def pipe(self) -> Path:
         return Path(self.dir, PIPE)
 
-    def make_pipe(self) -> bool:
-        """Make the folder's :data:`PIPE` FIFO (kept if there); False where the filesystem
-        has no FIFOs, and the wrapper then tees through a pipeline of its own."""
-        try:
+    def make_pipe(self) -> None:
+        """Make the folder's :data:`PIPE` FIFO (kept if there). Where the filesystem has no
+        FIFOs there is none, and the wrapper tees through a pipeline of its own."""
+        with contextlib.suppress(OSError):
             os.mkfifo(self.file(PIPE), 0o600)
-        except FileExistsError:
-            pass
-        except OSError:
-            return False
-        return True
 
     def drop_pipe(self) -> None:
         """Remove the folder's :data:`PIPE`, if any: once the attempt is reaped, nothing reads
