@@ -23,7 +23,7 @@ from gpusched import disk, memory, memwatch, outcome, placement, predict
 from gpusched.attempt import LAUNCH, AttemptPaths, materialize
 from gpusched.command import script_of
 from gpusched.errors import GpuschedError
-from gpusched.executors import Executor, Handle, LaunchRequest, launch_each, launch_many
+from gpusched.executors import Executor, Handle, LaunchRequest, LaunchUncertain, launch_each, launch_many
 from gpusched.gpus import Probe
 from gpusched.model import (
     GPU_LOST_WHY,
@@ -815,6 +815,7 @@ class Scheduler:
             begun = [b for b in (self._begin(job, p, gpus, now, pred) for job, p, pred in items) if b]
         started: list[tuple[_Begun, Handle | Exception]] = []
         ready: dict[str, list[_Begun]] = {}
+        owed: dict[str, list[_Begun]] = {}  # begun, their handles not yet asked for
         for b in begun:
             try:
                 materialize(
@@ -835,9 +836,22 @@ class Scheduler:
                 continue
             if hasattr(ex, "launch_many"):  # (tmux: one round trip to its server for them all)
                 ready.setdefault(b.suite_row.backend, []).append(b)
+            elif hasattr(ex, "begin"):  # started at once, its handle asked for once all are
+                try:
+                    ex.begin(b.request)
+                except Exception as e:
+                    started.append((b, e))
+                    continue
+                owed.setdefault(b.suite_row.backend, []).append(b)
             else:  # started at once: its wrapper runs on another core while the next one's files are written
                 (handle,) = launch_each(ex, [b.request])
                 started.append((b, handle))
+        for backend, group in owed.items():
+            try:
+                handles = self.executors[backend].finish()  # type: ignore[attr-defined]
+            except Exception as e:  # the backend itself is broken
+                handles = [e] * len(group)
+            started += zip(group, handles, strict=True)
         for backend, group in ready.items():
             try:
                 handles = launch_many(self.executors[backend], [b.request for b in group])
@@ -850,6 +864,10 @@ class Scheduler:
             if running := [(b.attempt_id, h) for b, h in started if not isinstance(h, Exception)]:
                 self.store.mark_running_many(running, now=now)
             for b, handle in started:
+                if isinstance(handle, LaunchUncertain):  # settled at the next tick (_reap)
+                    log.warning("launch of %s uncertain: %s", b.job.id, handle)
+                    self.on_event(f"{b.job.id}: {handle}; looked at again at the next tick")
+                    continue
                 if isinstance(handle, Exception):
                     log.error("launch of %s failed", b.job.id, exc_info=handle)
                     err = disk.machine_error(handle)

@@ -7,6 +7,7 @@ mode=${2:-tee}
 caught=
 rc=
 tee=
+read -r self _ </proc/self/stat || self=$$ # (6)
 trap 'caught=15' TERM
 trap 'caught=2' INT
 trap 'caught=1' HUP
@@ -17,7 +18,7 @@ run_job() { # (2)
     set --
     . "$dir/launch.sh"
 }
-printf '%s\n' "$$" >"$dir/pid"
+printf '%s\n' "$self" >"$dir/pid"
 if [ "$mode" = file ]; then
     (run_job) >>"$dir/output.log" 2>&1 </dev/null
     rc=$?
@@ -48,7 +49,7 @@ if [ -n "$rc" ]; then
 elif [ -n "$caught" ]; then
     sig=$caught
 fi
-printf '{"exit_code": %s, "signal": %s, "wrapper_pid": %s}\n' "$code" "$sig" "$$" >"$dir/exit.json"
+printf '{"exit_code": %s, "signal": %s, "wrapper_pid": %s}\n' "$code" "$sig" "$self" >"$dir/exit.json"
 if [ -n "${GPUSCHED_WAKE:-}" ] && [ -p "$GPUSCHED_WAKE" ]; then
     { printf x >&3; } 3<>"$GPUSCHED_WAKE" 2>/dev/null # (5)
 fi
@@ -107,3 +108,6 @@ if [ -n "$rc" ]; then exit "$rc"; elif [ -n "$caught" ]; then exit $((128 + caug
 #     the output goes through a pipeline into tee to this terminal (fd 4), and the exit status
 #     comes back on fd 3.
 # (5) A read-write open of a FIFO never blocks on Linux, whether or not the daemon listens.
+# (6) Its own pid. Not $$: the subprocess backend's runner (gpusched/runner.sh) sources this
+#     file in a subshell it forked, where $$ is the runner's pid; a builtin's read of
+#     /proc/self is this process's, whichever way it was started.

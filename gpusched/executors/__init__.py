@@ -60,6 +60,11 @@ class Executor(Protocol):
     # Optional: ``launch_many(reqs) -> list[Handle | Exception]``, one result per request in
     # order, for a backend that starts several attempts at once more cheaply than one by one
     # (one tmux call for a tick's windows). See :func:`launch_many`.
+    # Optional: ``begin(req) -> None`` and ``finish() -> list[Handle | Exception]``, for a
+    # backend that starts an attempt at once but learns its handle later (the subprocess
+    # backend's runner answers each pid while the daemon writes the next attempt's files):
+    # the scheduler begins each attempt as soon as its files are written, then finishes
+    # them all, one result per begin, in order.
 
 
 # ---------------------------------------------------------------------- an attempt's processes
@@ -106,6 +111,13 @@ def _pgid(pid: int) -> int | None:
         return os.getpgid(pid)
     except OSError:
         return None
+
+
+class LaunchUncertain(Exception):
+    """A launch that may or may not have started: the process that was starting it died
+    once it had the request (the subprocess backend's runner). The scheduler leaves such an
+    attempt ``launching``, and the next tick settles it as after a crash: adopted by its pid
+    file if its wrapper runs, requeued as never started if none appeared."""
 
 
 def launch_many(ex: Executor, reqs: Sequence[LaunchRequest]) -> list[Handle | Exception]:
