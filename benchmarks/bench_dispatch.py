@@ -60,9 +60,10 @@ def gpusched(backend: str) -> Callable[[int, int], Took]:
 def _cpu(sb: Sandbox, n: int, backend: str) -> str:
     """The CPU a job of the daemon and of what ran the jobs, from the kernel's count for each
     process (psutil's ``cpu_times``: its own user and system time, and its reaped children's).
-    Plain processes: the wrappers are the daemon's children. tmux: the panes are the tmux
-    server's, so its own time and its children's are given. Read once every job is done: the
-    daemon's start and first imports are in its figure."""
+    Plain processes: the wrappers are the runner's children (the daemon's own where no runner
+    started them), so the runner's own time and its children's are given. tmux: the panes are
+    the tmux server's, so its own time and its children's are given. Read once every job is
+    done: the daemon's start and first imports are in its figure."""
     import psutil
 
     def times(pid: int) -> tuple[float, float]:
@@ -71,9 +72,16 @@ def _cpu(sb: Sandbox, n: int, backend: str) -> str:
 
     ms = lambda s: f"{1000 * s / n:.2f} ms"  # noqa: E731
     try:
-        own, children = times(daemon_pid(sb))
+        daemon = daemon_pid(sb)
+        own, children = times(daemon)
         if backend != "tmux":
-            return f"CPU a job: daemon {ms(own)}, its wrappers {ms(children)}"
+            runners = [
+                p.pid for p in psutil.Process(daemon).children() if any("runner.sh" in a for a in p.cmdline())
+            ]
+            if not runners:
+                return f"CPU a job: daemon {ms(own)}, its wrappers {ms(children)}"
+            runner, wrappers = times(runners[0])
+            return f"CPU a job: daemon {ms(own)}, runner {ms(runner)}, its wrappers {ms(wrappers)}"
         sock = str(sb.home / "tmux.sock")
         pid = subprocess.run(["tmux", "-S", sock, "display", "-p", "#{pid}"], capture_output=True, text=True)
         server, panes = times(int(pid.stdout))

@@ -345,6 +345,10 @@ def run(
     _write_info(home, {"pid": os.getpid(), "host": this_host(), "started_at": time.time(), "ready": False})
     import logging
 
+    # two lines a job in a burst of short ones: a record without the caller's frame (a walk
+    # up the stack), thread or process names, none of which the format shows
+    logging._srcfile = None
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     logging.basicConfig(
         level=os.environ.get("GPUSCHED_LOG", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

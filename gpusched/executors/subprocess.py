@@ -79,6 +79,7 @@ class Runner:
             slave = -1
             r, self._w = os.pipe()
             self._r, w = os.pipe()
+            os.set_blocking(self._r, False)
             try:
                 self.child = proc.spawn(["sh", str(RUNNER), str(WRAPPER), tty], env=env, stdin=r, stdout=w)
             finally:
@@ -114,12 +115,16 @@ class Runner:
         return int(said)
 
     def _answer(self) -> str:
-        deadline = time.monotonic() + ANSWER_S
+        deadline = None
         while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self._r], [], [], left)[0]:
-                raise RunnerGone(f"the runner did not answer in {ANSWER_S:.0f} s", took=True)
-            data = os.read(self._r, 4096)
+            try:  # (non-blocking: in a burst the answer is there already, no select needed)
+                data = os.read(self._r, 4096)
+            except BlockingIOError:
+                deadline = deadline or time.monotonic() + ANSWER_S
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([self._r], [], [], left)[0]:
+                    raise RunnerGone(f"the runner did not answer in {ANSWER_S:.0f} s", took=True) from None
+                continue
             if not data:
                 raise RunnerGone("the runner ended", took=True)
             self._buf += data

@@ -26,6 +26,7 @@ import yaml
 
 from gpusched import plan, proc, scheduler
 from gpusched.attempt import AttemptPaths
+from gpusched.executors import LaunchUncertain
 from gpusched.executors.fake import FakeExecutor
 from gpusched.executors.select import make_executor
 from gpusched.gpus.fake import FakeProbe
@@ -167,6 +168,53 @@ def test_an_attempt_whose_files_were_written_is_not_taken_for_never_started_at_o
     assert any("never started" in n for n in notes), notes
     w.run_until_done()
     assert w.launches_by_job() == {"j0": 1} and w.outcomes() == ["lost", "ok"]
+
+
+def test_a_launch_the_runner_took_and_answered_no_more_is_adopted_when_its_wrapper_runs(
+    make_world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner died after it forked the wrappers, before it said their pids: the launches
+    are uncertain, neither recorded running nor failed (a failure is requeued, and the jobs
+    would run twice); the next tick finds them by their pid files."""
+    w = make_world(jobs=2, script="sleep 0.3")
+    ex = w.sched.executors["subprocess"]
+    real_finish = ex.finish
+
+    def answers_lost() -> list[Any]:
+        return [LaunchUncertain("the runner ended with its launch in hand") for _ in real_finish()]
+
+    monkeypatch.setattr(ex, "finish", answers_lost)
+    events: list[str] = []
+    w.sched.on_event = events.append
+    assert not w.tick().launched
+    assert [a.state.value for j in ("j0", "j1") for a in w.store.attempts(f"c/{j}")] == ["launching"] * 2
+    assert any("looked at again at the next tick" in e for e in events), events
+    monkeypatch.undo()
+    retry_until(lambda: w.launches_by_job() == {"j0": 1, "j1": 1})  # (they run meanwhile)
+    w.run_until_done()
+    assert any("re-adopted by pid" in e for e in events), events
+    assert w.launches_by_job() == {"j0": 1, "j1": 1}
+    assert w.outcomes("j0") == ["ok"] and w.outcomes("j1") == ["ok"]
+
+
+def test_a_launch_the_runner_never_read_is_requeued_once_its_grace_is_over(
+    make_world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = make_world(script="exit 0")
+    ex = w.sched.executors["subprocess"]
+    monkeypatch.setattr(
+        ex, "begin", lambda req: ex._pending.append((req, LaunchUncertain("the runner ended")))
+    )
+    w.tick()
+    monkeypatch.undo()
+    (a,) = w.store.attempts("c/j0")
+    assert a.state.value == "launching"
+    assert w.sched.reconcile(a.launched_at + 1) == []  # it may yet appear
+    notes = w.sched.reconcile(a.launched_at + scheduler.START_GRACE_S)
+    assert any("never started" in n for n in notes), notes
+    w.run_until_done()
+    assert w.launches_by_job() == {"j0": 1} and w.outcomes() == ["lost", "ok"]
+    assert w.job().lost == 0  # (not counted: it never ran)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
