@@ -1,5 +1,6 @@
 #!/bin/sh
-# gpusched attempt wrapper: sh wrap.sh ATTEMPT_DIR [tee|file]. Its contract and the notes on
+# gpusched attempt wrapper: sh wrap.sh ATTEMPT_DIR [tee|file], or sourced in "file" mode by the
+# subprocess backend's runner (runner.sh) in a subshell it forked. Its contract and the notes on
 # each step are at the end, after the last command: sh never reads them (on a busy machine
 # each kilobyte sh reads costs every job ~10 us, a thousand short jobs a hundredth of a second).
 dir=$1
@@ -61,7 +62,8 @@ if [ -n "$rc" ]; then exit "$rc"; elif [ -n "$caught" ]; then exit $((128 + caug
 # ---------------------------------------------------------------------------------------------
 # Nothing below is read by sh: every path above ends at that exit.
 #
-# Runs inside the job's tmux pane ("tee" mode) or detached process group ("file" mode).
+# Runs inside the job's tmux pane ("tee" mode) or detached process group ("file" mode: a
+# subshell of the runner, which leads the group, or a wrapper of its own in its own session).
 # Contract (see gpusched/attempt.py, which owns every path named here):
 #   - writes ATTEMPT_DIR/pid (its own PID) before the job starts; the file's mtime is the
 #     attempt's start time;

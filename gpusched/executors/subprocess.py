@@ -54,6 +54,19 @@ RETRY_S = 60.0
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
+#: ``GPUSCHED_RUNNER=0`` in the daemon's environment: each wrapper started on its own.
+RUNNER_ENV = "GPUSCHED_RUNNER"
+
+
+def parse_runner(raw: str) -> bool:
+    """A value of :data:`RUNNER_ENV`: 1, on, yes, true, or 0, off, no, false; else ValueError."""
+    word = raw.strip().lower()
+    if word in ("1", "on", "yes", "true"):
+        return True
+    if word in ("0", "off", "no", "false"):
+        return False
+    raise ValueError(raw)
+
 
 class RunnerGone(Exception):
     """The runner is gone or did not answer. ``took``: it may have read the line (so the
@@ -146,7 +159,7 @@ class SubprocessExecutor:
     Handle: ``{"pid": wrapper pid, "pid_started_at": its start time, "token": the attempt's
     GPUSCHED_TOKEN, "host": this machine}``; the wrapper leads the attempt's process group,
     so ``pid`` is also the group id. ``runner``: start wrappers through a runner (default:
-    unless ``GPUSCHED_RUNNER=0``).
+    unless :data:`RUNNER_ENV` says 0).
     """
 
     name = "subprocess"
@@ -155,7 +168,7 @@ class SubprocessExecutor:
         self.home = home
         self._environ = dict(os.environ)  # read once: os.environ decodes every variable per access
         self._host = this_host()  # a pid means something on this machine only
-        self._use_runner = self._environ.get("GPUSCHED_RUNNER", "1") != "0" if runner is None else runner
+        self._use_runner = _runner_wanted(self._environ) if runner is None else runner
         self._runner: Runner | None = None
         self._no_runner_until = 0.0
         # begun, not finished: the runner that owes the pid, or the launch's result
@@ -296,6 +309,15 @@ class SubprocessExecutor:
 
     def release(self, handle: Handle) -> None:
         """Nothing to release: an ended process leaves nothing behind but its attempt dir."""
+
+
+def _runner_wanted(environ: Mapping[str, str]) -> bool:
+    raw = environ.get(RUNNER_ENV, "").strip()
+    try:
+        return parse_runner(raw) if raw else True
+    except ValueError:  # (submit and `daemon start` refuse it first)
+        log.warning("%s=%r is not 1 or 0; starting wrappers through a runner", RUNNER_ENV, raw)
+        return True
 
 
 def runner_line(req: LaunchRequest, env: Mapping[str, str]) -> bytes | None:

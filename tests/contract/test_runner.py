@@ -219,6 +219,20 @@ def test_without_a_pty_wrappers_start_on_their_own(
         assert exited(p)["exit_code"] == 0
 
 
+@pytest.mark.parametrize(
+    ("raw", "wanted"), [("0", False), (" off ", False), ("1", True), ("yes", True), ("", True)]
+)
+def test_gpusched_runner_reads_1_or_0(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, raw: str, wanted: bool
+) -> None:
+    monkeypatch.setenv("GPUSCHED_RUNNER", raw)
+    assert SubprocessExecutor(Home(tmp_path / "home"))._use_runner is wanted
+    if raw.strip():
+        assert sub.parse_runner(raw) is wanted
+    with pytest.raises(ValueError):
+        sub.parse_runner("fast")
+
+
 def test_gpusched_runner_0_starts_each_wrapper_on_its_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
