@@ -316,8 +316,7 @@ class Scheduler:
         if came:
             self.store.add_arrival(a.id, [p.pid for p in came], _held(came))
         self.store.finish_attempt(a.id, exit=exit_rec, result=result, step=step, now=now)
-        if a.backend == "tmux":  # (the one backend that makes it: a pane's tee is done with it)
-            paths.drop_pipe()
+        paths.drop_pipe()  # (a tmux pane's: its wrapper's tee is done with it)
         if card is not None:
             self._count_fault(a, result, now)
         self._term_sent.pop(a.id, None)
