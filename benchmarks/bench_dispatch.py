@@ -75,9 +75,7 @@ def _cpu(sb: Sandbox, n: int, backend: str) -> str:
         daemon = daemon_pid(sb)
         own, children = times(daemon)
         if backend != "tmux":
-            runners = [
-                p.pid for p in psutil.Process(daemon).children() if any("runner.sh" in a for a in p.cmdline())
-            ]
+            runners = [p.pid for p in psutil.Process(daemon).children() if _is_runner(p)]
             if not runners:
                 return f"CPU a job: daemon {ms(own)}, its wrappers {ms(children)}"
             runner, wrappers = times(runners[0])
@@ -88,6 +86,15 @@ def _cpu(sb: Sandbox, n: int, backend: str) -> str:
         return f"CPU a job: daemon {ms(own)}, tmux server {ms(server)}, its panes {ms(panes)}"
     except (OSError, ValueError, KeyError, psutil.Error):
         return "CPU not read"
+
+
+def _is_runner(p: object) -> bool:
+    import psutil
+
+    try:
+        return any(a.endswith("/runner.sh") for a in p.cmdline())  # type: ignore[attr-defined]
+    except psutil.Error:  # (a wrapper of its own, ended, unreaped: GPUSCHED_RUNNER=0)
+        return False
 
 
 def _ticks(sb: Sandbox, t0: float) -> str:

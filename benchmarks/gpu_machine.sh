@@ -10,10 +10,6 @@
 #   .deb/  the tools compared against: (cd .deb && apt-get download task-spooler parallel tmux
 #          libevent-core-2.1-7 libutempter0); unpacked with dpkg -x into a scratch root, never /
 #
-#   .launcher/  optional: the experiment/launcher branch's package, to be timed in turn with
-#          this tree (benchmarks/README.md, "Stop 37"): mkdir .launcher &&
-#          git archive experiment/launcher gpusched | tar -x -C .launcher
-#
 #   bash benchmarks/gpu_machine.sh OUT_DIR [STEPS]    # STEPS: the OOM ladder's steps a job (4)
 #
 # Writes each part's output to OUT_DIR (dispatch.txt, gpu_checks.txt, refill.txt, status.txt)
@@ -46,12 +42,10 @@ part() {  # part NAME LIMIT_S COMMAND...: one part, its output to OUT_DIR/NAME.t
     echo "--- $name: exit ${PIPESTATUS[0]} after $((SECONDS - t)) s" | tee -a "$out/$name.txt"
 }
 part dispatch 150 env TMPDIR=/dev/shm python3 benchmarks/bench_dispatch.py --repeat 3
-if [ -d .launcher/gpusched ]; then  # three rounds of plain processes: this tree, the branch (ticks
-    # at most every 4 ms while jobs keep ending, its default, and every 8 ms), in turn
-    part launcher 150 bash -c 'for r in 1 2 3; do for c in "$PWD 0.004" "$PWD/.launcher 0.004" "$PWD/.launcher 0.008"; do
-        set -- $c; echo "tree: $1 gather: $2"; GPUSCHED_GATHER_S=$2 PYTHONPATH=$1:/tmp/site TMPDIR=/dev/shm \
-            python3 benchmarks/bench_dispatch.py --only "gpusched (subprocess)"; done; done'
-fi
+# three rounds of plain processes in turn: wrappers forked by the runner (the default) and each
+# started on its own (GPUSCHED_RUNNER=0, as before stop 40; benchmarks/README.md, "Stop 40")
+part runner 120 bash -c 'for r in 1 2 3; do for on in 1 0; do echo "GPUSCHED_RUNNER=$on";
+    GPUSCHED_RUNNER=$on TMPDIR=/dev/shm python3 benchmarks/bench_dispatch.py --only "gpusched (subprocess)"; done; done'
 part gpu_checks 270 bash benchmarks/gpu_checks.sh "$steps"
 part refill 90 python3 benchmarks/bench_refill.py --jobs 300
 part status 60 python3 benchmarks/bench_status.py --runs 3
