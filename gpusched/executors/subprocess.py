@@ -78,9 +78,9 @@ class RunnerGone(Exception):
 
 
 class Runner:
-    """A long-lived ``sh runner.sh WRAPPER TTY``: :meth:`start` writes it a line and
-    returns the pid of the subshell it forked for it. Ends when :meth:`close` (or this
-    process's end) closes its input; the attempts it started run on."""
+    """A long-lived ``sh runner.sh WRAPPER TTY``: :meth:`send` writes it a line, and
+    :meth:`answer` gives the pid of the subshell it forked for it. Ends when :meth:`close` (or
+    this process's end) closes its input; the attempts it started run on."""
 
     def __init__(self, env: Mapping[str, str]) -> None:
         self._buf = b""
@@ -93,6 +93,7 @@ class Runner:
             r, self._w = os.pipe()
             self._r, w = os.pipe()
             os.set_blocking(self._r, False)
+            os.set_blocking(self._w, False)  # (a runner that stopped reading must not hang the daemon)
             try:
                 self.child = proc.spawn(["sh", str(RUNNER), str(WRAPPER), tty], env=env, stdin=r, stdout=w)
             finally:
@@ -111,10 +112,20 @@ class Runner:
 
     def send(self, line: bytes) -> None:
         """Hand the runner one attempt's line (:meth:`answer` gives its wrapper's pid)."""
+        view, deadline = memoryview(line), None
         try:
-            view = memoryview(line)
             while view:
-                view = view[os.write(self._w, view) :]
+                try:
+                    view = view[os.write(self._w, view) :]
+                except BlockingIOError:  # its pipe is full: it reads no more, or not yet
+                    deadline = deadline or time.monotonic() + ANSWER_S
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not select.select([], [self._w], [], left)[1]:
+                        # (a line it has only part of never runs: at the end of its input,
+                        # which closing it gives, `read` drops a line with no newline)
+                        raise RunnerGone(
+                            f"the runner read nothing for {ANSWER_S:.0f} s", took=False
+                        ) from None
         except OSError as e:  # EPIPE: it is gone (a line it never read cannot have run)
             raise RunnerGone(f"the runner is gone ({e.strerror})", took=False) from e
 

@@ -182,6 +182,29 @@ def test_a_runner_that_dies_holding_a_launch_makes_it_uncertain_not_failed(
     assert exited(paths)["exit_code"] == 0
 
 
+def test_a_runner_that_reads_no_more_does_not_hang_the_daemon(
+    runs: Runs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runner that stopped reading (stopped with SIGSTOP, say) fills its pipe; the launch
+    gives up on it after ANSWER_S and starts the wrapper on its own, once."""
+    stuck, pids = tmp_path / "stuck.sh", tmp_path / "stuck.pids"
+    stuck.write_text(f"echo $$ >>{pids}\necho ready\nexec sleep 30\n")
+    monkeypatch.setattr(sub, "RUNNER", stuck)
+    monkeypatch.setattr(sub, "ANSWER_S", 0.2)
+    big = "x" * 100_000  # a line longer than a pipe holds (64 KiB), an argument no longer than exec takes
+    try:
+        h, paths = runs.launch('echo "${#GS_BIG}"\n' + GATED, env={"GS_BIG": big})
+        assert len(pids.read_text().split()) == 2  # a second runner was tried, then none
+        retry_until((paths.dir / "started").exists)
+        assert wrapper_on_its_own(h)
+        (paths.dir / "gate").touch()
+        assert exited(paths)["exit_code"] == 0
+        assert f"{len(big)}" in paths.output.read_text()
+    finally:
+        for pid in pids.read_text().split():
+            proc.signal_pid(int(pid), signal.SIGKILL)
+
+
 def test_values_that_span_lines_start_the_wrapper_on_its_own(runs: Runs) -> None:
     _, paths = runs.launch('printf "%s|" "$GS_TWO_LINES"\n', env={"GS_TWO_LINES": "one\ntwo"})
     retry_until(lambda: paths.read_pid() is not None)
