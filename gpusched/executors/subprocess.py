@@ -254,6 +254,7 @@ class SubprocessExecutor:
             log.warning("subprocess backend: %s; the next launch starts a new runner", e)
         if e.took:  # it may be alive but stuck: let it go
             runner.close()
+        runner.child.poll()  # (reaped, if it has died: no zombie until the next spawn)
 
     def _handle(self, pid: int, req: LaunchRequest) -> Handle:
         # the clock, not /proc/PID/stat: reading that waits for the child's exec to finish,
