@@ -804,10 +804,12 @@ class Scheduler:
         """Start a tick's placements in three steps: record every attempt ``launching`` with
         its token (one commit), write their attempt directories and start them (each as soon as
         its files are written; a backend with ``launch_many`` starts its share at once, once
-        all are), then record them ``running``, with why the jobs left queued wait (``waits``,
+        all are; one with ``begin``/``finish`` gives the handles once all are begun), then
+        record them ``running``, with why the jobs left queued wait (``waits``,
         :meth:`Store.set_waits`), in one commit. A crash between the steps leaves attempts
         ``launching``, which :meth:`reconcile` settles by their tokens: nothing is ever started
-        twice."""
+        twice. So does a launch that may or may not have started
+        (:class:`~gpusched.executors.LaunchUncertain`): the next tick reconciles it."""
         if not items:
             self.store.set_waits(waits)
             return
@@ -849,8 +851,9 @@ class Scheduler:
         for backend, group in owed.items():
             try:
                 handles = self.executors[backend].finish()  # type: ignore[attr-defined]
-            except Exception as e:  # the backend itself is broken
-                handles = [e] * len(group)
+            except Exception as e:  # they may have started: the next tick looks (never a relaunch)
+                log.exception("%s: the launches' handles were not given", backend)
+                handles = [LaunchUncertain(f"{backend} did not give its handle ({e})")] * len(group)
             started += zip(group, handles, strict=True)
         for backend, group in ready.items():
             try:

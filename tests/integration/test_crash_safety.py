@@ -197,6 +197,27 @@ def test_a_launch_the_runner_took_and_answered_no_more_is_adopted_when_its_wrapp
     assert w.outcomes("j0") == ["ok"] and w.outcomes("j1") == ["ok"]
 
 
+def test_a_backend_that_fails_to_give_its_handles_has_its_launches_looked_at_not_relaunched(
+    make_world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``finish`` raising after the wrappers started (a bug, say) must not requeue jobs that run."""
+    w = make_world(jobs=2, script="sleep 0.3")
+    ex = w.sched.executors["subprocess"]
+    real_finish = ex.finish
+
+    def broken() -> list[Any]:
+        real_finish()
+        raise RuntimeError("lost track")
+
+    monkeypatch.setattr(ex, "finish", broken)
+    w.tick()
+    monkeypatch.undo()
+    assert [a.state.value for j in ("j0", "j1") for a in w.store.attempts(f"c/{j}")] == ["launching"] * 2
+    w.run_until_done()
+    assert w.launches_by_job() == {"j0": 1, "j1": 1}
+    assert w.outcomes("j0") == ["ok"] and w.outcomes("j1") == ["ok"]
+
+
 def test_a_launch_the_runner_never_read_is_requeued_once_its_grace_is_over(
     make_world: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
