@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 
 RUNNER = WRAPPER.parent / "runner.sh"
 
+#: The runner's shell: the system's ``sh`` (dash on Debian and Ubuntu, bash elsewhere).
+SH = "sh"
+
 #: How long the runner may take to say it is ready, or to answer a launch with its pid.
 ANSWER_S = 5.0
 
@@ -95,7 +98,7 @@ class Runner:
             os.set_blocking(self._r, False)
             os.set_blocking(self._w, False)  # (a runner that stopped reading must not hang the daemon)
             try:
-                self.child = proc.spawn(["sh", str(RUNNER), str(WRAPPER), tty], env=env, stdin=r, stdout=w)
+                self.child = proc.spawn([SH, str(RUNNER), str(WRAPPER), tty], env=env, stdin=r, stdout=w)
             finally:
                 os.close(r)
                 os.close(w)

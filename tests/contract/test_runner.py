@@ -26,6 +26,11 @@ from gpusched.home import Home
 from tests.helpers import retry_until
 
 GATED = 'echo started > "@DIR@/started"\nwhile [ ! -e "@DIR@/gate" ]; do sleep 0.02; done\necho done\n'
+WITH_CHILD = (  # started, with a child in the background that waits for the gate too
+    'echo started > "@DIR@/started"\n'
+    'sh -c \'echo $$ > "$0/child.pid"; while [ ! -e "$0/gate" ]; do sleep 0.02; done\' "@DIR@" &\n'
+    "wait\n"
+)
 
 
 class Runs:
@@ -97,8 +102,13 @@ def wrapper_on_its_own(h: Handle) -> bool:
     return psutil.Process(h["pid"]).cmdline()[:2] == ["sh", str(WRAPPER)]
 
 
-def test_each_attempt_leads_its_own_group_without_a_terminal_and_a_cancel_stops_only_it(runs: Runs) -> None:
-    (h1, p1), (h2, p2) = runs.launch(GATED), runs.launch(GATED)
+@pytest.mark.parametrize("shell", ["sh", "bash"])
+def test_each_attempt_leads_its_own_group_without_a_terminal_and_a_cancel_stops_only_it(
+    runs: Runs, monkeypatch: pytest.MonkeyPatch, shell: str
+) -> None:
+    """Also where ``sh`` is bash (Fedora, Arch): its job control and its SIGCHLD trap too."""
+    monkeypatch.setattr(sub, "SH", shell)
+    (h1, p1), (h2, p2) = runs.launch(GATED), runs.launch(WITH_CHILD)
     for h, p in ((h1, p1), (h2, p2)):
         retry_until((p.dir / "started").exists)
         pid = h["pid"]
@@ -106,9 +116,13 @@ def test_each_attempt_leads_its_own_group_without_a_terminal_and_a_cancel_stops_
         assert os.getsid(pid) == runs.runner_pid() != pid  # forked by the runner, not exec'd
         assert psutil.Process(pid).terminal() is None
         assert p.read_pid() is not None and p.read_pid()[0] == pid  # type: ignore[index]
+    assert psutil.Process(runs.runner_pid()).cmdline()[0] == shell
+    child = int(retry_until(lambda: (p2.dir / "child.pid").exists() and (p2.dir / "child.pid").read_text()))
+    assert os.getpgid(child) == h2["pid"]  # a job's own `&` stays in its group (no job control there)
     runs.ex.terminate(h1)
     assert exited(p1)["signal"] == 15
     assert runs.ex.alive(h2) and not (p2.dir / "exit.json").exists()
+    retry_until(lambda: gone(h1["pid"]))  # reaped by the runner
     (p2.dir / "gate").touch()
     rec = exited(p2)
     assert rec["exit_code"] == 0 and rec["wrapper_pid"] == h2["pid"]
