@@ -6,11 +6,9 @@ attempt twice. Real shells and processes; nothing sleeps a fixed time."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,10 +17,11 @@ import pytest
 
 from gpusched import proc
 from gpusched.attempt import AttemptPaths
-from gpusched.executors import WRAPPER, Handle, LaunchRequest, LaunchUncertain
+from gpusched.executors import WRAPPER, Handle, LaunchUncertain
 from gpusched.executors import subprocess as sub
 from gpusched.executors.subprocess import SubprocessExecutor
 from gpusched.home import Home
+from tests.contract.test_executors import Bench, exited
 from tests.helpers import retry_until
 
 GATED = 'echo started > "@DIR@/started"\nwhile [ ! -e "@DIR@/gate" ]; do sleep 0.02; done\necho done\n'
@@ -33,41 +32,27 @@ WITH_CHILD = (  # started, with a child in the background that waits for the gat
 )
 
 
-class Runs:
-    """An executor over a private home, and what it launched (killed at teardown)."""
+class Runs(Bench):
+    """The executor contract's bench over a subprocess executor (``kw``: its options), its
+    jobs named s/j1, s/j2... (killed at teardown)."""
 
     def __init__(self, root: Path, **kw: bool) -> None:
-        self.root = root
-        self.home = Home(root / "home")
-        self.ex = SubprocessExecutor(self.home, **kw)
-        self.handles: list[Handle] = []
-        self.n = 0
+        home = Home(root / "home")
+        make = lambda: SubprocessExecutor(home, **kw)  # noqa: E731
+        super().__init__(kind="subprocess", home=home, root=root, make=make, ex=make())
 
-    def request(self, script: str, env: dict[str, str] | None = None) -> tuple[LaunchRequest, AttemptPaths]:
-        self.n += 1
-        paths = AttemptPaths(self.root / "logs" / f"j{self.n}" / "1-A")
-        paths.dir.mkdir(parents=True)
-        paths.launch.write_text(script.replace("@DIR@", str(paths.dir)))
-        req = LaunchRequest(
-            job_id=f"s/j{self.n}",
-            suite="s",
-            job_name=f"j{self.n}",
-            token=uuid.uuid4().hex[:16],
-            attempt_dir=paths.dir,
-            workdir=self.root,
-            env=env or {},
-        )
-        return req, paths
+    @property
+    def plain(self) -> SubprocessExecutor:
+        assert isinstance(self.ex, SubprocessExecutor)
+        return self.ex
 
-    def launch(self, script: str, env: dict[str, str] | None = None) -> tuple[Handle, AttemptPaths]:
-        req, paths = self.request(script, env)
-        h = self.ex.launch(req)
-        self.handles.append(h)
+    def launch(self, script: str, env: dict[str, str] | None = None) -> tuple[Handle, AttemptPaths]:  # type: ignore[override]
+        h, paths, _ = super().launch(script, suite="s", job_name=f"j{self.n + 1}", env=env)
         return h, paths
 
     def runner_pid(self) -> int:
-        assert self.ex._runner is not None
-        return self.ex._runner.child.pid
+        assert self.plain._runner is not None
+        return self.plain._runner.child.pid
 
 
 @pytest.fixture
@@ -76,17 +61,7 @@ def runs(tmp_path: Path) -> Iterator[Runs]:
     yield r
     for h in r.handles:
         r.ex.terminate(h, force=True)
-    r.ex.close()
-
-
-def exited(paths: AttemptPaths) -> dict[str, object]:
-    def parsed() -> dict[str, object] | None:
-        try:
-            return json.loads(paths.exit.read_text())  # type: ignore[no-any-return]
-        except (OSError, ValueError):
-            return None
-
-    return retry_until(parsed)
+    r.plain.close()
 
 
 def gone(pid: int) -> bool:
@@ -140,7 +115,7 @@ def test_a_job_that_opens_the_terminal_is_told_there_is_none(tmp_path: Path, use
         assert exited(paths)["exit_code"] == 0
         assert "no terminal" in paths.output.read_text()
     finally:
-        runs.ex.close()
+        runs.plain.close()
 
 
 def test_an_ended_wrapper_is_reaped_while_the_runner_waits_for_the_next_line(runs: Runs) -> None:
@@ -155,7 +130,7 @@ def test_the_runner_ends_with_the_daemon_and_its_jobs_run_on(runs: Runs) -> None
     h, paths = runs.launch(GATED)
     retry_until((paths.dir / "started").exists)
     runner = runs.runner_pid()
-    runs.ex.close()  # as the daemon's end closes the runner's input
+    runs.plain.close()  # as the daemon's end closes the runner's input
     retry_until(lambda: not proc.is_alive(runner, None))
     assert runs.ex.alive(h)
     (paths.dir / "gate").touch()
@@ -222,7 +197,7 @@ def test_a_runner_that_reads_no_more_does_not_hang_the_daemon(
 def test_values_that_span_lines_start_the_wrapper_on_its_own(runs: Runs) -> None:
     _, paths = runs.launch('printf "%s|" "$GS_TWO_LINES"\n', env={"GS_TWO_LINES": "one\ntwo"})
     retry_until(lambda: paths.read_pid() is not None)
-    assert runs.ex._runner is None  # nothing went through a runner
+    assert runs.plain._runner is None  # nothing went through a runner
     assert exited(paths)["exit_code"] == 0
     assert "one\ntwo|" in paths.output.read_text()
     odd = "a b;$HOME 'q' \"dq\" {x} \\n"
@@ -278,8 +253,8 @@ def test_gpusched_runner_0_starts_each_wrapper_on_its_own(
     try:
         h, paths = runs.launch(GATED)
         retry_until((paths.dir / "started").exists)
-        assert wrapper_on_its_own(h) and runs.ex._runner is None
+        assert wrapper_on_its_own(h) and runs.plain._runner is None
         (paths.dir / "gate").touch()
         exited(paths)
     finally:
-        runs.ex.close()
+        runs.plain.close()
