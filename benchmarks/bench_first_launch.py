@@ -8,22 +8,35 @@ Each round submits ``--jobs`` no-op jobs over 16 fake GPUs (plain processes) in 
 sandbox and takes the first attempt's ``launched_at`` (stamped by the daemon's tick) against
 the moment ``submit`` was started, then stops the daemon. ``--before DIR`` (another checkout,
 e.g. ``git worktree add /tmp/before COMMIT``) runs that tree too, in turn with this one, each
-round (``PYTHONPATH``). Prints the median and the range of each tree.
+round (``PYTHONPATH``). Prints the median and the range of each tree, and, at the median, which
+of the two starts the first launch waited for: the suite queued (its ``submitted_at``, as
+``submit`` committed it) and the daemon running (its ``daemon.json``'s ``started_at``, written
+once it has the word to go and its database open). The later of the two gates the first tick.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import ROOT, machine, median, sandbox, table
 
 
-def first_launch(tree: Path, jobs: int) -> float:
-    """Seconds from starting ``submit`` to the first launch, one fresh sandbox."""
+class Start(NamedTuple):
+    """Seconds after ``submit`` was started: the suite queued, the daemon running, the first launch."""
+
+    queued: float
+    running: float
+    first: float
+
+
+def first_launch(tree: Path, jobs: int) -> Start:
+    """When each step of a night's start came after starting ``submit``, one fresh sandbox."""
     with sandbox() as sb:
         sb.write_plan("noop", jobs)
         env = sb.env(GPUSCHED_FAKE_GPUS="16x24GiB", PYTHONPATH=str(tree))
@@ -32,8 +45,10 @@ def first_launch(tree: Path, jobs: int) -> float:
         sb.cli("submit", "--suite", "noop", "--gpu-plan", plan, "--backend", "subprocess", env=env)
         sb.wait_all_done(jobs)
         (first,) = sb.query("SELECT MIN(launched_at) FROM attempts")[0]
+        (queued,) = sb.query("SELECT MIN(submitted_at) FROM suites")[0]
+        running = json.loads((sb.home / "daemon.json").read_text())["started_at"]
         sb.cli("daemon", "stop", env=env)
-        return float(first) - t0
+        return Start(float(queued) - t0, float(running) - t0, float(first) - t0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--before", type=Path, help="another checkout, timed in turn with this one")
     args = ap.parse_args(argv)
     trees = {"this tree": ROOT, **({f"before ({args.before})": args.before} if args.before else {})}
-    times: dict[str, list[float]] = {name: [] for name in trees}
+    times: dict[str, list[Start]] = {name: [] for name in trees}
     for _ in range(args.rounds):
         for name, tree in trees.items():
             times[name].append(first_launch(tree, args.jobs))
@@ -52,8 +67,23 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.rounds} rounds ({machine()})\n"
     )
     ms = lambda x: f"{1000 * x:.0f}"  # noqa: E731
-    rows = [[name, ms(median(t)), f"{ms(min(t))}-{ms(max(t))}"] for name, t in times.items()]
-    print(table(["tree", "median ms", "range ms"], rows))
+    rows = []
+    for name, starts in times.items():
+        firsts = [s.first for s in starts]
+        mid = min(starts, key=lambda s: abs(s.first - median(firsts)))  # the median round's steps
+        gate = "the daemon's start" if mid.running > mid.queued else "the suite's queueing"
+        rows.append(
+            [
+                name,
+                ms(median(firsts)),
+                f"{ms(min(firsts))}-{ms(max(firsts))}",
+                ms(mid.queued),
+                ms(mid.running),
+                gate,
+            ]
+        )
+    heads = ["tree", "median ms", "range ms", "queued at ms", "daemon running at ms", "waited for"]
+    print(table(heads, rows))
     return 0
 
 
