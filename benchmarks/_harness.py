@@ -193,9 +193,14 @@ def sandbox(keep: bool = False) -> Iterator[Sandbox]:
             shutil.rmtree(root, ignore_errors=True)
 
 
+def daemon_info(sb: Sandbox) -> dict[str, Any]:
+    """The sandbox's running daemon's ``daemon.json`` (its pid, when it started, ...)."""
+    info: dict[str, Any] = json.loads((sb.home / "daemon.json").read_text())
+    return info
+
+
 def daemon_pid(sb: Sandbox) -> int:
-    info = json.loads((sb.home / "daemon.json").read_text())
-    return int(info["pid"])
+    return int(daemon_info(sb)["pid"])
 
 
 def percentile(xs: Sequence[float], q: float) -> float:

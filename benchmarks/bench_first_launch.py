@@ -17,14 +17,13 @@ once it has the word to go and its database open). The later of the two gates th
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import ROOT, machine, median, sandbox, table
+from _harness import ROOT, daemon_info, machine, median, sandbox, table
 
 
 class Start(NamedTuple):
@@ -46,7 +45,7 @@ def first_launch(tree: Path, jobs: int) -> Start:
         sb.wait_all_done(jobs)
         (first,) = sb.query("SELECT MIN(launched_at) FROM attempts")[0]
         (queued,) = sb.query("SELECT MIN(submitted_at) FROM suites")[0]
-        running = json.loads((sb.home / "daemon.json").read_text())["started_at"]
+        running = daemon_info(sb)["started_at"]
         sb.cli("daemon", "stop", env=env)
         return Start(float(queued) - t0, float(running) - t0, float(first) - t0)
 
@@ -70,12 +69,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name, starts in times.items():
         firsts = [s.first for s in starts]
-        mid = min(starts, key=lambda s: abs(s.first - median(firsts)))  # the median round's steps
+        middle = median(firsts)
+        mid = min(starts, key=lambda s: abs(s.first - middle))  # the median round's steps
         gate = "the daemon's start" if mid.running > mid.queued else "the suite's queueing"
         rows.append(
             [
                 name,
-                ms(median(firsts)),
+                ms(middle),
                 f"{ms(min(firsts))}-{ms(max(firsts))}",
                 ms(mid.queued),
                 ms(mid.running),
