@@ -206,11 +206,17 @@ _boot_time: float | None = None
 
 
 def _boot() -> float:
+    """When this machine booted (epoch seconds): ``btime`` of /proc/stat, which is what psutil
+    reads on Linux, without importing psutil at a daemon's first launch; elsewhere psutil's."""
     global _boot_time
     if _boot_time is None:
-        import psutil
+        try:
+            with open("/proc/stat", "rb") as f:
+                _boot_time = next(float(line.split()[1]) for line in f if line.startswith(b"btime "))
+        except (OSError, StopIteration, IndexError, ValueError):
+            import psutil
 
-        _boot_time = psutil.boot_time()
+            _boot_time = psutil.boot_time()
     return _boot_time
 
 

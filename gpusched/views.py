@@ -346,7 +346,7 @@ def queued_predictions(
 
 def host_doc(store: Store, host: memory.HostMemory | None, *, now: float) -> dict[str, Any]:
     """Host RAM as launches see it: available, the minimum, and why launches wait (or None)."""
-    host = host or host_memory()
+    host = host or memwatch.host_memory()
     limit = memwatch.host_limit_from_env()
     hold = memwatch.host_hold(store)
     return {
@@ -356,17 +356,6 @@ def host_doc(store: Store, host: memory.HostMemory | None, *, now: float) -> dic
         "held_after_oom_of": hold[1] if hold else None,
         "wait": memory.host_wait(host, limit, oom_hold=hold, now=now),
     }
-
-
-def host_memory() -> memory.HostMemory:
-    """Host RAM from ``/proc/meminfo``, the numbers psutil reports on Linux, without the ~10 ms
-    of importing psutil; elsewhere through psutil (:func:`memwatch.host_memory`)."""
-    try:
-        with open("/proc/meminfo", "rb") as f:
-            kib = {key: int(rest.split()[0]) for key, _, rest in (line.partition(b":") for line in f)}
-        return memory.HostMemory(available_mib=kib[b"MemAvailable"] >> 10, total_mib=kib[b"MemTotal"] >> 10)
-    except (OSError, KeyError, ValueError, IndexError):
-        return memwatch.host_memory()
 
 
 # --------------------------------------------------------------------------- text

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from msgspec.structs import replace
@@ -758,3 +759,19 @@ def test_a_tick_starts_each_process_once_its_files_are_written_and_batches_only_
             assert seen == [[True, True, True]]
         else:  # one at a time: the first started before the other two were written
             assert seen == [[True, False, False], [True, True, False], [True, True, True]]
+
+
+def test_the_host_memory_and_boot_time_read_from_proc_are_psutils() -> None:
+    """The daemon's first tick reads the host's RAM and the boot time (a process's start time
+    is counted from it) from /proc instead of importing psutil: the same numbers psutil gives."""
+    import psutil
+
+    from gpusched import memwatch, proc
+
+    host = memwatch.host_memory()
+    vm = psutil.virtual_memory()
+    assert host.total_mib == vm.total >> 20
+    assert host.available_mib is not None and abs(host.available_mib - (vm.available >> 20)) < 256
+    proc._boot_time = None
+    assert proc._boot() == psutil.boot_time()
+    assert proc.started_at(os.getpid()) == pytest.approx(psutil.Process().create_time(), abs=0.01)
