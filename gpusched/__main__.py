@@ -1,3 +1,3 @@
-from gpusched.cli import main
+from gpusched.entry import main
 
 raise SystemExit(main())

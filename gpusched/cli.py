@@ -45,11 +45,13 @@ if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
     from gpusched.store import Store
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, early: Starting | None = None) -> int:
+    """The CLI. ``early``: the daemon :mod:`gpusched.entry` started on standby for a ``submit``."""
     argv = sys.argv[1:] if argv is None else argv
     named = next((a for a in argv if not a.startswith("-")), None)  # the global options take no value
     parser = build_parser(named if named in COMMANDS else None)
     args = parser.parse_args(argv)
+    args.early_daemon = early
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -343,14 +345,31 @@ def cmd_submit(args: argparse.Namespace) -> int:
     refuse_another_probe(running, probe_spec, probe_source(args.fake_gpus))
     # the GPUs the jobs will be placed on: --fake-gpus, else those of the running daemon's probe
     placed_by = probe_spec or daemon_probe_spec(running)
-    # When no daemon runs, one starts now on standby: its start overlaps reading and queueing
-    # the suite, and it exits unseen should this submit be refused or queue nothing.
-    starting = None if args.dry_run else daemon.prestart(home, probe=probe_spec)
+    starting = _standby(args, home, probe_spec, running)
     try:
         return _submit(args, cwd, home, probe_spec, placed_by, starting)
     finally:
         if starting is not None:
             starting.cancel()
+
+
+def _standby(
+    args: argparse.Namespace, home: Home, probe_spec: str | None, running: dict[str, Any] | None
+) -> Starting | None:
+    """The daemon on standby for this submit, when no daemon runs: its start overlaps reading
+    and queueing the suite, and it exits unseen should the submit be refused or queue nothing.
+    The one :mod:`gpusched.entry` started before the CLI was imported, unless it guessed the
+    GPUs wrong (argparse read ``--fake-gpus`` otherwise) or a daemon started meanwhile; else
+    one started now. None for a dry run."""
+    from gpusched import daemon
+
+    early = args.early_daemon
+    if early is not None and (args.dry_run or running is not None or early.probe != probe_spec):
+        early.cancel()
+        early = None
+    if args.dry_run:
+        return None
+    return early or daemon.prestart(home, probe=probe_spec)
 
 
 def _submit(

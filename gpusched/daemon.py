@@ -182,12 +182,12 @@ class Starting:
     lock, no database, nothing written). :meth:`go` lets it run; :meth:`cancel`, or the end
     of the process that started it, makes it exit without a trace.
 
-    ``submit`` starts one before it reads the plan, so that the daemon's start (~0.15 s on a
-    16-core machine) overlaps reading and queueing the suite instead of following it, and a
-    refused submit still leaves no daemon behind."""
+    ``submit`` starts one first thing, before the CLI is imported (:mod:`gpusched.entry`), so
+    that the daemon's start (~0.15 s on a 16-core machine) overlaps the submit's own start,
+    reading and queueing the suite instead of following them, and a refused submit still
+    leaves no daemon behind. The environment the daemon would read is checked by :meth:`go`."""
 
     def __init__(self, home: Home, *, probe: str | None = None) -> None:
-        check_env()
         home.ensure()
         argv = [sys.executable, "-m", "gpusched", "daemon", "run", "--standby"]
         if probe:
@@ -195,6 +195,7 @@ class Starting:
         from gpusched import proc
 
         self.home = home
+        self.probe = probe
         told, self._go = os.pipe()
         try:
             with open(home.daemon_log, "ab") as out:
@@ -208,6 +209,11 @@ class Starting:
     def go(self, *, timeout_s: float = 15.0) -> dict[str, Any]:
         """Let the daemon run; return its info once it is ready. When another daemon started
         meanwhile (a submit beside this one), this one exits and that one's info is returned."""
+        try:
+            check_env()  # (refused here, it exits unseen: it read nothing on standby)
+        except UsageError:
+            self.cancel()
+            raise
         current = info(self.home)
         if current is not None:
             self.cancel()
@@ -431,11 +437,12 @@ def run(
 
 
 def _first_tick_imports() -> None:
-    """Import what the first tick would otherwise import as it launches: psutil (the host's
-    memory) and yaml (each attempt's config.yaml). On standby that is done while ``submit``
-    still reads the plan, not between its word and the first launch (20-70 ms of the night's
-    first start on a 16-core machine, measured with py-spy)."""
-    import psutil  # noqa: F401
+    """Import what the first tick would otherwise import as it launches: yaml (each attempt's
+    config.yaml). On standby that is done while ``submit`` still reads the plan, not between
+    its word and the first launch (20-70 ms of the night's first start on a 16-core machine,
+    measured with py-spy, psutil then included). psutil is not needed before the first
+    launch (the host's memory and boot time are read from /proc): it comes once a tick
+    attributes GPU processes to jobs, or a cancel walks a process tree."""
     import yaml  # noqa: F401
 
     from gpusched import attempt, tiers  # noqa: F401

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-
-from msgspec import Struct
+from typing import NamedTuple
 
 
 def this_host() -> str:
@@ -15,8 +14,10 @@ def this_host() -> str:
     return os.uname().nodename
 
 
-class Home(Struct, frozen=True):
-    """Every path of the per-user state directory. Created 0700 by :meth:`ensure`."""
+class Home(NamedTuple):
+    """Every path of the per-user state directory. Created 0700 by :meth:`ensure`. (A plain
+    tuple, not a msgspec record: ``submit`` finds it before msgspec is imported, see
+    :mod:`gpusched.entry`.)"""
 
     root: Path
 

@@ -559,6 +559,59 @@ def test_a_daemon_on_standby_holds_nothing_and_ends_unless_told_to_go(gs_home: P
     assert beside.child.wait() == 0 and daemon.info(home)["pid"] == ready["pid"]  # type: ignore[index]
 
 
+def standbys(home: Path, probe: str) -> list[int]:
+    """Pids of the daemons for ``home`` started (on standby) for ``probe``."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["cmdline", "environ"]):
+        argv, env = p.info["cmdline"] or [], p.info["environ"] or {}
+        if "--standby" in argv and probe in argv and env.get("GPUSCHED_HOME") == str(home):
+            found.append(p.pid)
+    return found
+
+
+def test_submit_starts_its_daemon_before_the_cli_is_imported_and_only_when_it_will_want_one(
+    gs_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`gpusched.entry` reads just enough of the arguments: a submit (after any global
+    options), for the GPUs of --fake-gpus or GPUSCHED_FAKE_GPUS; not a dry run, --help, or
+    any other command. What it starts exits when let go."""
+    from gpusched.entry import standby_for
+
+    monkeypatch.setenv("GPUSCHED_FAKE_GPUS", "2x24GiB")
+    for argv in (["status"], ["submit", "--suite", "s", "--dry-run"], ["submit", "-h"], ["daemon", "start"]):
+        assert standby_for(argv) is None, argv
+    for argv, probe in (
+        (["submit", "--suite", "s"], "fake:2x24GiB"),
+        (["-v", "submit", "--suite", "s", "--fake-gpus", "3x24GiB"], "fake:3x24GiB"),
+        (["submit", "--fake-gpus=1x80GiB", "--suite", "s"], "fake:1x80GiB"),
+    ):
+        early = standby_for(argv)
+        assert early is not None and early.probe == probe, argv
+        early.cancel()
+        assert early.child.wait() == 0
+    assert not (gs_home / "daemon.json").exists() and not (gs_home / "gpusched.db").exists()
+
+
+def test_a_daemon_started_early_for_other_gpus_than_submit_settles_on_is_replaced(
+    gs_home: Path, project: Path
+) -> None:
+    """argparse, not the early look at the arguments, decides: `--fake 3x24GiB` (an
+    abbreviation argparse accepts) beside GPUSCHED_FAKE_GPUS=2x24GiB runs the night on the
+    three GPUs, and the daemon started for the two exits."""
+    write_plan(project, "ab", 'command: "true {config}"\njobs: [{name: a}]\n')
+    r = run_cli(
+        "submit", "--suite", "ab", "--fake", "3x24GiB", "--gpu-plan", "1,1,1", "--backend", "subprocess",
+        cwd=project, env=FAKE, check=True,
+    )  # fmt: skip
+    assert "queued 1 job" in r.stdout
+    info = json.loads((gs_home / "daemon.json").read_text())
+    assert info["probe_spec"] == "fake:3x24GiB" and standbys(gs_home, "fake:3x24GiB") == [info["pid"]]
+    retry_until(lambda: not standbys(gs_home, "fake:2x24GiB"), timeout=10)
+    run_cli("wait", "--suite", "ab", "--quiet", "--timeout", "60", cwd=project, check=True)
+
+
 def test_the_daemon_lock_has_one_holder_and_goes_with_its_process(tmp_path: Path) -> None:
     """One daemon per state directory: the lock is taken by one process at a time, a second
     taker gives up after its wait, and the lock goes with the process that held it, however
@@ -592,10 +645,11 @@ def test_the_daemon_lock_has_one_holder_and_goes_with_its_process(tmp_path: Path
     os.close(fd)
 
 
-def test_the_daemon_starts_without_asyncio(gs_home: Path) -> None:
+def test_the_daemon_starts_without_asyncio_or_psutil(gs_home: Path) -> None:
     """What the daemon imports before its first launch is on the path of a night's first job:
     nothing that pulls in asyncio (15-20 ms; the filelock package did, with an audit hook
-    that then ran on every file the daemon opened)."""
+    that then ran on every file the daemon opened), nor psutil (10-20 ms: the first tick
+    reads the host's memory and boot time from /proc)."""
     standby = ["daemon", "run", "--standby", "--probe", "fake:1x24GiB"]
     r = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "gpusched", *standby],
@@ -608,8 +662,8 @@ def test_the_daemon_starts_without_asyncio(gs_home: Path) -> None:
     assert r.returncode == 0, r.stderr
     lines = [line for line in r.stderr.splitlines() if "|" in line]
     imported = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in lines}
-    assert {"gpusched", "yaml", "psutil"} <= imported  # (what the first tick needs: imported on standby)
-    assert not imported & {"asyncio", "filelock"}
+    assert {"gpusched", "yaml"} <= imported  # (what the first tick needs: imported on standby)
+    assert not imported & {"asyncio", "filelock", "psutil"}
 
 
 def test_a_submit_that_queues_nothing_leaves_no_daemon(gs_home: Path, project: Path) -> None:
