@@ -17,6 +17,7 @@ once it has the word to go and its database open). The later of the two gates th
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -38,7 +39,8 @@ def first_launch(tree: Path, jobs: int) -> Start:
     """When each step of a night's start came after starting ``submit``, one fresh sandbox."""
     with sandbox() as sb:
         sb.write_plan("noop", jobs)
-        env = sb.env(GPUSCHED_FAKE_GPUS="16x24GiB", PYTHONPATH=str(tree))
+        path = os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])  # (its deps too)
+        env = sb.env(GPUSCHED_FAKE_GPUS="16x24GiB", PYTHONPATH=path)
         t0 = time.time()
         plan = ",".join("1" * 16)
         sb.cli("submit", "--suite", "noop", "--gpu-plan", plan, "--backend", "subprocess", env=env)
@@ -56,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--before", type=Path, help="another checkout, timed in turn with this one")
     args = ap.parse_args(argv)
-    trees = {"this tree": ROOT, **({f"before ({args.before})": args.before} if args.before else {})}
+    trees = {"this tree": ROOT, **({f"before ({args.before})": args.before.resolve()} if args.before else {})}
     times: dict[str, list[Start]] = {name: [] for name in trees}
     for _ in range(args.rounds):
         for name, tree in trees.items():

@@ -7,13 +7,15 @@
 #          python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #            --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
 #            -d .whl libtmux tenacity msgspec simple-gpu-scheduler
+#   .before/  optional: an earlier tree for the first-launch part to run in turn with this one
+#          (git archive COMMIT gpusched | tar -x -C .before)
 #   .deb/  the tools compared against: (cd .deb && apt-get download task-spooler parallel tmux
 #          libevent-core-2.1-7 libutempter0); unpacked with dpkg -x into a scratch root, never /
 #
 #   bash benchmarks/gpu_machine.sh OUT_DIR [STEPS]    # STEPS: the OOM ladder's steps a job (4)
 #
-# Writes each part's output to OUT_DIR (dispatch.txt, gpu_checks.txt, refill.txt, status.txt)
-# as it goes, so what ran before a time limit is kept. About 6 minutes on 16 cores and an H200.
+# Writes each part's output to OUT_DIR (dispatch.txt, runner.txt, first_launch.txt, gpu_checks.txt,
+# refill.txt, status.txt) as it goes, so what ran before a time limit is kept. About 6 minutes on 16 cores and an H200.
 set -u
 out=${1:?usage: gpu_machine.sh OUT_DIR [STEPS]}
 steps=${2:-4}
@@ -46,6 +48,8 @@ part dispatch 150 env TMPDIR=/dev/shm python3 benchmarks/bench_dispatch.py --rep
 # started on its own (GPUSCHED_RUNNER=0, as before stop 40; benchmarks/README.md, "Stop 40")
 part runner 120 bash -c 'for r in 1 2 3; do for on in 1 0; do echo "GPUSCHED_RUNNER=$on";
     GPUSCHED_RUNNER=$on TMPDIR=/dev/shm python3 benchmarks/bench_dispatch.py --only "gpusched (subprocess)"; done; done'
+# the night's first launch (submit to the first job, no daemon running), in turn with .before/
+part first_launch 60 bash -c 'python3 benchmarks/bench_first_launch.py --rounds 8 $([ -d .before/gpusched ] && echo --before .before)'
 part gpu_checks 270 bash benchmarks/gpu_checks.sh "$steps"
 part refill 90 python3 benchmarks/bench_refill.py --jobs 300
 part status 60 python3 benchmarks/bench_status.py --runs 3
