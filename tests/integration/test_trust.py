@@ -374,6 +374,8 @@ def test_a_bad_setting_in_the_environment_is_refused_before_anything_is_queued(
     assert lines[0].startswith(f"gpusched: {name}={value!r} in the environment: not "), lines[0]
     assert not (gs_home / "gpusched.db").exists() or store(gs_home).jobs() == []
     assert not (gs_home / "daemon.json").exists()
+    # the daemon `submit` started on standby before it read the environment is gone too
+    retry_until(lambda: not proc.carrying("GPUSCHED_HOME", str(gs_home)), timeout=10)
 
 
 def test_retry_a_pattern_queues_again_what_failed_and_nothing_half_way(gs_home: Path, project: Path) -> None:
