@@ -462,14 +462,15 @@ def test_a_bad_number_or_suite_is_one_line_and_exit_2(
 def test_a_state_home_that_cannot_be_made_is_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: list[str]
 ) -> None:
-    """GPUSCHED_HOME naming a file (or a folder under one) was a traceback from every command."""
-    from gpusched import cli
+    """GPUSCHED_HOME naming a file (or a folder under one) was a traceback from every command
+    (through the command's entry point, which for `submit` tries to start the daemon first)."""
+    from gpusched import entry
 
     (tmp_path / "a-file").write_text("x")
     monkeypatch.setenv("GPUSCHED_HOME", str(tmp_path / "a-file" / "home"))
     monkeypatch.setenv("GPUSCHED_FAKE_GPUS", "1x24GiB")
     monkeypatch.chdir(ROOT)
-    assert cli.main(argv) == 2
+    assert entry.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err == (
         f"gpusched: cannot make gpusched's state directory {tmp_path / 'a-file' / 'home'} (Not a directory): "
