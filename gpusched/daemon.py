@@ -165,6 +165,7 @@ def wake(home: Home) -> None:
 
 def start(home: Home, *, probe: str | None = None, timeout_s: float = 15.0) -> dict[str, Any]:
     """Start a detached daemon unless one runs; return its info once it is ready."""
+    check_env()
     current = info(home)
     if current is not None:
         return current
@@ -185,7 +186,8 @@ class Starting:
     ``submit`` starts one first thing, before the CLI is imported (:mod:`gpusched.entry`), so
     that the daemon's start (~0.15 s on a 16-core machine) overlaps the submit's own start,
     reading and queueing the suite instead of following them, and a refused submit still
-    leaves no daemon behind. The environment the daemon would read is checked by :meth:`go`."""
+    leaves no daemon behind. Whoever tells it to go checks the environment it will read first
+    (:func:`check_env`: :func:`start`, and ``submit`` before it queues anything)."""
 
     def __init__(self, home: Home, *, probe: str | None = None) -> None:
         home.ensure()
@@ -209,11 +211,6 @@ class Starting:
     def go(self, *, timeout_s: float = 15.0) -> dict[str, Any]:
         """Let the daemon run; return its info once it is ready. When another daemon started
         meanwhile (a submit beside this one), this one exits and that one's info is returned."""
-        try:
-            check_env()  # (refused here, it exits unseen: it read nothing on standby)
-        except UsageError:
-            self.cancel()
-            raise
         current = info(self.home)
         if current is not None:
             self.cancel()
