@@ -193,6 +193,12 @@ def sandbox(keep: bool = False) -> Iterator[Sandbox]:
             shutil.rmtree(root, ignore_errors=True)
 
 
+def pythonpath(tree: Path) -> str:
+    """``PYTHONPATH`` for the CLI of the checkout ``tree``: it first, then this one's (where a
+    bare machine keeps gpusched's dependencies)."""
+    return os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 def daemon_info(sb: Sandbox) -> dict[str, Any]:
     """The sandbox's running daemon's ``daemon.json`` (its pid, when it started, ...)."""
     info: dict[str, Any] = json.loads((sb.home / "daemon.json").read_text())

@@ -17,14 +17,13 @@ once it has the word to go and its database open). The later of the two gates th
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
 from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import ROOT, daemon_info, machine, median, sandbox, table
+from _harness import ROOT, daemon_info, machine, median, pythonpath, sandbox, table
 
 
 class Start(NamedTuple):
@@ -39,8 +38,7 @@ def first_launch(tree: Path, jobs: int) -> Start:
     """When each step of a night's start came after starting ``submit``, one fresh sandbox."""
     with sandbox() as sb:
         sb.write_plan("noop", jobs)
-        path = os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])  # (its deps too)
-        env = sb.env(GPUSCHED_FAKE_GPUS="16x24GiB", PYTHONPATH=path)
+        env = sb.env(GPUSCHED_FAKE_GPUS="16x24GiB", PYTHONPATH=pythonpath(tree))
         t0 = time.time()
         plan = ",".join("1" * 16)
         sb.cli("submit", "--suite", "noop", "--gpu-plan", plan, "--backend", "subprocess", env=env)

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import table
+from _harness import pythonpath, table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -96,8 +96,7 @@ def _child(tree: Path, args: argparse.Namespace, n: int, *, callgrind: bool = Fa
     argv.append(f"--ends={args.ends}")
     argv.append(f"--ticks={n}")
     # the tree first, ahead of whatever else the path held (where the dependencies may be)
-    path = os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])
-    env = {**os.environ, "PYTHONPATH": path, "PYTHONHASHSEED": "0"}
+    env = {**os.environ, "PYTHONPATH": pythonpath(tree), "PYTHONHASHSEED": "0"}
     if callgrind:
         argv = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv]
     r = subprocess.run(argv, env=env, capture_output=True, text=True)

@@ -15,7 +15,8 @@
 #   bash benchmarks/gpu_machine.sh OUT_DIR [STEPS]    # STEPS: the OOM ladder's steps a job (4)
 #
 # Writes each part's output to OUT_DIR (dispatch.txt, runner.txt, first_launch.txt, gpu_checks.txt,
-# refill.txt, status.txt) as it goes, so what ran before a time limit is kept. About 6 minutes on 16 cores and an H200.
+# refill.txt, status.txt) as it goes, so what ran before a time limit is kept. About 6 minutes on
+# 16 cores and an H200.
 set -u
 out=${1:?usage: gpu_machine.sh OUT_DIR [STEPS]}
 steps=${2:-4}
