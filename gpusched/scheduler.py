@@ -315,7 +315,7 @@ class Scheduler:
         step = self._next_step(job, a, result, now, _newcomers(came) if came else None)
         if came:
             self.store.add_arrival(a.id, [p.pid for p in came], _held(came))
-        self.store.finish_attempt(a.id, exit=exit_rec, result=result, step=step, now=now)
+        self.store.finish_attempt(a.id, exit=exit_rec, result=result, step=step, now=now, job=job)
         paths.drop_pipe()  # (a tmux pane's: its wrapper's tee is done with it)
         if card is not None:
             self._count_fault(a, result, now)
@@ -813,8 +813,7 @@ class Scheduler:
         if not items:
             self.store.set_waits(waits)
             return
-        with self.store.tx():
-            begun = [b for b in (self._begin(job, p, gpus, now, pred) for job, p, pred in items) if b]
+        begun = self._begin(items, gpus, now)
         started: list[tuple[_Begun, Handle | Exception]] = []
         ready: dict[str, list[_Begun]] = {}
         owed: dict[str, list[_Begun]] = {}  # begun, their handles not yet asked for
@@ -901,38 +900,46 @@ class Scheduler:
         self.on_event(f"launches pause {pause:.0f} s: {failure}")
 
     def _begin(
-        self, job: JobRow, p: Placement, gpus: list[GpuState], now: float, pred: predict.Prediction | None
-    ) -> _Begun | None:
-        """Phase 1 of a launch: the attempt recorded ``launching``; None when the job was
-        cancelled (or moved) by a client since this tick read the queue."""
-        suite_row = self._suite(job.suite)
-        assert suite_row is not None
-        suite: Suite = suite_row.suite
-        tier = suite.tiers[p.tier]
-        paths = AttemptPaths.for_attempt(suite.logs_dir, job.name, job.attempts + 1, tier.name)
-        gpu = next((g for g in gpus if g.index == p.gpu), None)
-        token = uuid.uuid4().hex[:16]
-        pred = pred or self._predict(job, suite_row, gpus, p.tier)
-        new = NewAttempt(
-            job_id=job.id,
-            tier=p.tier,
-            tier_name=tier.name,
-            gpu=p.gpu,
-            gpu_uuid=gpu.uuid if gpu else None,
-            backend=suite_row.backend,
-            dir=os.fspath(paths.dir),
-            token=token,
-            placement_reason=p.reason,
-            predicted_mib=pred.mib,
-            prediction_source=pred.source,
-        )
-        try:
-            attempt_id = self.store.begin_attempt(new, now=now)
-        except GpuschedError as e:
-            log.info("not launching %s: %s", job.id, e)
-            return None
-        req = self._request(job, suite, paths, token)
-        return _Begun(job, p, suite_row, paths, attempt_id, new.gpu_uuid, req)
+        self,
+        items: Sequence[tuple[JobRow, Placement, predict.Prediction | None]],
+        gpus: list[GpuState],
+        now: float,
+    ) -> list[_Begun]:
+        """Phase 1 of a tick's launches: their attempts recorded ``launching`` (one savepoint),
+        less those whose job was cancelled (or moved) by a client since this tick read the
+        queue."""
+        planned: list[tuple[JobRow, Placement, SuiteRow, AttemptPaths, NewAttempt]] = []
+        for job, p, pred in items:
+            suite_row = self._suite(job.suite)
+            assert suite_row is not None
+            suite: Suite = suite_row.suite
+            tier = suite.tiers[p.tier]
+            paths = AttemptPaths.for_attempt(suite.logs_dir, job.name, job.attempts + 1, tier.name)
+            gpu = next((g for g in gpus if g.index == p.gpu), None)
+            pred = pred or self._predict(job, suite_row, gpus, p.tier)
+            new = NewAttempt(
+                job_id=job.id,
+                tier=p.tier,
+                tier_name=tier.name,
+                gpu=p.gpu,
+                gpu_uuid=gpu.uuid if gpu else None,
+                backend=suite_row.backend,
+                dir=os.fspath(paths.dir),
+                token=uuid.uuid4().hex[:16],
+                placement_reason=p.reason,
+                predicted_mib=pred.mib,
+                prediction_source=pred.source,
+            )
+            planned.append((job, p, suite_row, paths, new))
+        begun: list[_Begun] = []
+        ids = self.store.begin_attempts([new for *_, new in planned], now=now)
+        for (job, p, suite_row, paths, new), attempt_id in zip(planned, ids, strict=True):
+            if isinstance(attempt_id, GpuschedError):
+                log.info("not launching %s: %s", job.id, attempt_id)
+                continue
+            req = self._request(job, suite_row.suite, paths, new.token)
+            begun.append(_Begun(job, p, suite_row, paths, attempt_id, new.gpu_uuid, req))
+        return begun
 
     def _request(self, job: JobRow, suite: Suite, paths: AttemptPaths, token: str) -> LaunchRequest:
         env = {"GPUSCHED_JOB_ID": job.id}

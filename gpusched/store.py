@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gpusched import codec
-from gpusched.errors import StoreError, UsageError
+from gpusched.errors import GpuschedError, StoreError, UsageError
 from gpusched.model import (
     Classification,
     ExitRecord,
@@ -93,6 +93,14 @@ def waiting_out(state: str, not_before: float | None, now: float) -> bool:
     """A job in ``state`` is queued and waits out a backoff at ``now`` (a retried error, a full
     disk, the network: its ``not_before`` still ahead)."""
     return state == "queued" and not_before is not None and not_before > now
+
+
+def _in_chunks(db: sqlite3.Connection, sql: str, keys: Sequence[Any]) -> Iterator[Any]:
+    """The rows of ``sql``, whose one ``{}`` takes the placeholders of ``keys``, 500 keys a query:
+    an SQLite before 3.32 takes at most 999 parameters a statement."""
+    for i in range(0, len(keys), 500):
+        chunk = keys[i : i + 500]
+        yield from db.execute(sql.format(",".join("?" * len(chunk))), chunk)
 
 
 class Store:
@@ -235,7 +243,7 @@ class Store:
             "INSERT INTO events(at, job_id, kind, message) VALUES (?, ?, ?, ?)", (now, job_id, kind, message)
         )
 
-    def _move(self, job: sqlite3.Row, new: JobState, now: float, **cols: Any) -> None:
+    def _move(self, job: Mapping[str, Any], new: JobState, now: float, **cols: Any) -> None:
         """Move ``job`` to ``new`` (checked against the transition table), setting ``cols``."""
         job_id, old = job["id"], job["state"]
         check_transition(job_id, old, new)
@@ -569,13 +577,8 @@ class Store:
 
     def attempts_by_token(self, tokens: Collection[str]) -> list[AttemptRow]:
         """The attempts whose launch token is one of ``tokens`` (the token column is unique)."""
-        ts = sorted(tokens)
-        out: list[AttemptRow] = []
-        for i in range(0, len(ts), 500):
-            chunk = ts[i : i + 500]
-            q = f"SELECT * FROM attempts WHERE token IN ({','.join('?' * len(chunk))}) ORDER BY id"
-            out += [AttemptRow.from_row(r) for r in self.db.execute(q, chunk)]
-        return out
+        rows = _in_chunks(self.db, "SELECT * FROM attempts WHERE token IN ({})", sorted(tokens))
+        return sorted((AttemptRow.from_row(r) for r in rows), key=lambda a: a.id)
 
     def all_attempts(self, *, suite: str | None = None) -> list[AttemptRow]:
         if suite is None:
@@ -597,39 +600,91 @@ class Store:
     # ------------------------------------------------------------------ launch (two-phase)
 
     def begin_attempt(self, a: NewAttempt, *, now: float) -> int:
-        """Phase 1: take the slot. The job moves queued -> running and the attempt is
-        recorded ``launching`` with its token, BEFORE anything is started."""
+        """Phase 1 of one launch (:meth:`begin_attempts`); raises why the job cannot take it."""
+        (began,) = self.begin_attempts([a], now=now)
+        if isinstance(began, GpuschedError):
+            raise began
+        return began
+
+    def begin_attempts(self, news: Sequence[NewAttempt], *, now: float) -> list[int | GpuschedError]:
+        """Phase 1 of a tick's launches: take their slots. Each job moves queued -> running and
+        its attempt is recorded ``launching`` with its token, BEFORE anything is started; all
+        in one savepoint, a statement for all of them at each step (not five a job: a burst of
+        short jobs begins 16 at a time). Returns, per attempt in order, its id, or why its job
+        cannot take it (gone, or no longer queued: cancelled by a client since the tick read
+        the queue), which leaves the others' as they are."""
+        out: list[int | GpuschedError] = []
+        taken: dict[str, tuple[NewAttempt, int, str]] = {}  # job id -> (attempt, its n, the job's state)
+        if not news:
+            return out
         with self.tx():
-            row = self.db.execute("SELECT * FROM jobs WHERE id = ?", (a.job_id,)).fetchone()
-            if row is None:
-                raise UsageError(f"no job {a.job_id}")
-            n = row["attempts"] + 1
-            self._move(row, JobState.RUNNING, now, attempts=n, tier=a.tier, wait_reason=None)
-            cur = self.db.execute(
+            q = "SELECT id, state, attempts FROM jobs WHERE id IN ({})"
+            rows = {
+                job_id: (state, n) for job_id, state, n in _in_chunks(self.db, q, [a.job_id for a in news])
+            }
+            for a in news:
+                row = rows.get(a.job_id)
+                if row is None:
+                    out.append(UsageError(f"no job {a.job_id}"))
+                    continue
+                old = JobState.RUNNING if a.job_id in taken else row[0]  # (twice in a batch: it runs)
+                try:
+                    check_transition(a.job_id, old, JobState.RUNNING)
+                except GpuschedError as e:
+                    out.append(e)
+                    continue
+                taken[a.job_id] = (a, row[1] + 1, row[0])
+                out.append(0)  # its id, once inserted
+            if not taken:
+                return out
+            moved = self.db.executemany(
+                "UPDATE jobs SET state = 'running', updated_at = ?, attempts = ?, tier = ?,"
+                " wait_reason = NULL WHERE id = ? AND state = ?",
+                [(now, n, a.tier, a.job_id, old) for a, n, old in taken.values()],
+            )
+            if moved.rowcount != len(taken):  # somebody moved one meanwhile (not under our write lock)
+                raise UsageError("a job changed state meanwhile; try again")
+            self.db.executemany(
                 "INSERT INTO attempts(job_id, n, tier, tier_name, gpu, gpu_uuid, backend, dir, token, state,"
                 " placement_reason, predicted_mib, prediction_source, launched_at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'launching', ?, ?, ?, ?)",
-                (
-                    a.job_id,
-                    n,
-                    a.tier,
-                    a.tier_name,
-                    a.gpu,
-                    a.gpu_uuid,
-                    a.backend,
-                    a.dir,
-                    a.token,
-                    a.placement_reason,
-                    a.predicted_mib,
-                    a.prediction_source,
-                    now,
-                ),
+                [
+                    (
+                        a.job_id,
+                        n,
+                        a.tier,
+                        a.tier_name,
+                        a.gpu,
+                        a.gpu_uuid,
+                        a.backend,
+                        a.dir,
+                        a.token,
+                        a.placement_reason,
+                        a.predicted_mib,
+                        a.prediction_source,
+                        now,
+                    )
+                    for a, n, _ in taken.values()
+                ],
             )
-            where = f"GPU {a.gpu}" if a.gpu is not None else "no GPU"
-            self._event(
-                now, a.job_id, "launch", f"attempt {n} at tier {a.tier_name} on {where}: {a.placement_reason}"
+            self.db.executemany(
+                "INSERT INTO events(at, job_id, kind, message) VALUES (?, ?, 'launch', ?)",
+                [
+                    (
+                        now,
+                        a.job_id,
+                        f"attempt {n} at tier {a.tier_name} on"
+                        f" {'no GPU' if a.gpu is None else f'GPU {a.gpu}'}: {a.placement_reason}",
+                    )
+                    for a, n, _ in taken.values()
+                ],
             )
-            return int(cur.lastrowid or 0)
+            q = "SELECT token, id FROM attempts WHERE token IN ({})"
+            made = dict(_in_chunks(self.db, q, [a.token for a, _, _ in taken.values()]))
+        return [
+            began if isinstance(began, GpuschedError) else made[a.token]
+            for a, began in zip(news, out, strict=True)
+        ]
 
     def mark_running(self, attempt_id: int, handle: dict[str, Any], *, now: float) -> None:
         """Phase 2: the pane/process exists."""
@@ -657,10 +712,13 @@ class Store:
         step: Step,
         now: float,
         count_lost: bool = True,
+        job: JobRow | None = None,
     ) -> None:
         """Record an attempt's end and move its job per ``step`` in ONE transaction.
         ``count_lost=False``: a ``lost`` outcome does not count towards the job's losses
-        (an attempt that provably never started)."""
+        (an attempt that provably never started). ``job``: the attempt's job as the caller
+        read it (the daemon's reap, in the tick's transaction), not read again; its move still
+        checks that its state is the one read."""
         with self.tx():
             ended = self.db.execute(
                 "UPDATE attempts SET state = 'exited', ended_at = ?, started_at = COALESCE(?, started_at),"
@@ -682,13 +740,22 @@ class Store:
             if ended.rowcount != 1:
                 return  # already reaped (idempotent: a restarted daemon may see it twice)
             self.exited.append(attempt_id)
-            job = self.db.execute(
-                "SELECT * FROM jobs WHERE id = (SELECT job_id FROM attempts WHERE id = ?)", (attempt_id,)
-            ).fetchone()
-            self._apply_step(job, result, step, now, count_lost=count_lost)
+            if job is None:
+                row = self.db.execute(
+                    "SELECT * FROM jobs WHERE id = (SELECT job_id FROM attempts WHERE id = ?)", (attempt_id,)
+                ).fetchone()
+            else:  # (what _apply_step reads of it)
+                row = {"id": job.id, "state": job.state.value, "errors": job.errors, "lost": job.lost}
+            self._apply_step(row, result, step, now, count_lost=count_lost)
 
     def _apply_step(
-        self, job: sqlite3.Row, result: Classification, step: Step, now: float, *, count_lost: bool = True
+        self,
+        job: Mapping[str, Any],
+        result: Classification,
+        step: Step,
+        now: float,
+        *,
+        count_lost: bool = True,
     ) -> None:
         common: dict[str, Any] = {
             "outcome": result.outcome.value,
@@ -983,12 +1050,11 @@ class Store:
         if not waits:
             return
         with self.tx():
-            for job_id, why in waits.items():
-                self.db.execute(
-                    "UPDATE jobs SET wait_reason = ? WHERE id = ? AND state = 'queued'"
-                    " AND (wait_reason IS NOT ? )",
-                    (why, job_id, why),
-                )
+            self.db.executemany(
+                "UPDATE jobs SET wait_reason = ? WHERE id = ? AND state = 'queued'"
+                " AND (wait_reason IS NOT ?)",
+                [(why, job_id, why) for job_id, why in waits.items()],
+            )
 
     def record_samples(
         self,

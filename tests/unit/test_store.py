@@ -180,6 +180,78 @@ def test_a_batch_commits_together_and_a_failing_job_inside_it_is_undone_alone(st
     assert [a.id for a in store.live_attempts()] == [a0, a2]
 
 
+def new_attempt(job_id: str, token: str) -> NewAttempt:
+    return NewAttempt(
+        job_id=job_id,
+        tier=1,
+        tier_name="B",
+        gpu=1,
+        gpu_uuid=None,
+        backend="subprocess",
+        dir=f"/p/logs/{token}",
+        token=token,
+        placement_reason=f"placed {token}",
+    )
+
+
+def test_a_tick_s_launches_begin_together_and_one_that_cannot_leaves_the_others(store: Store) -> None:
+    """``begin_attempts``, the daemon's phase 1 for a whole tick: each job that can take its
+    attempt does, numbered and logged as one at a time would be; a job cancelled since the tick
+    read the queue, one that is gone, and a job asked for twice get why instead, and nothing."""
+    submit(store, make_suite(n=4))
+    done = start(store, "E1/j3", token="before")  # its second attempt is numbered 2
+    store.finish_attempt(
+        done,
+        exit=ExitRecord(exit_code=1),
+        result=Classification(outcome=Outcome.OOM, reason="oom"),
+        step=Step(kind=StepKind.REQUEUE, tier=1, reason="OOM at tier A -> requeued at tier B"),
+        now=2.0,
+    )
+    store.request_cancel(["E1/j1"])
+    got = store.begin_attempts(
+        [
+            new_attempt("E1/j0", "t0"),
+            new_attempt("E1/j1", "t1"),
+            new_attempt("E1/nope", "t2"),
+            new_attempt("E1/j3", "t3"),
+            new_attempt("E1/j0", "t4"),
+            new_attempt("E1/j2", "t5"),
+        ],
+        now=5.0,
+    )
+    errors = [str(e) for e in got if isinstance(e, Exception)]
+    assert errors == [
+        "job E1/j1: illegal state change cancelled -> running",
+        "no job E1/nope",
+        "job E1/j0: illegal state change running -> running",
+    ]
+    ids = {a.token: a.id for a in store.live_attempts()}
+    assert got[0] == ids["t0"] and got[3] == ids["t3"] and got[5] == ids["t5"] and len(ids) == 3
+    for token, job_id, n in (("t0", "E1/j0", 1), ("t3", "E1/j3", 2), ("t5", "E1/j2", 1)):
+        a, job = store.attempt(ids[token]), store.job(job_id)
+        assert a is not None and job is not None
+        assert (a.job_id, a.n, a.state, a.tier, a.gpu, a.launched_at) == (
+            job_id,
+            n,
+            AttemptState.LAUNCHING,
+            1,
+            1,
+            5.0,
+        )
+        assert (job.state, job.attempts, job.tier) == (JobState.RUNNING, n, 1)
+    assert store.job("E1/j1").state is JobState.CANCELLED
+    launches = [
+        m
+        for _, job_id, kind, m in store.db.execute("SELECT at, job_id, kind, message FROM events")
+        if kind == "launch"
+    ]
+    assert launches[-3:] == [
+        "attempt 1 at tier B on GPU 1: placed t0",
+        "attempt 2 at tier B on GPU 1: placed t3",
+        "attempt 1 at tier B on GPU 1: placed t5",
+    ]
+
+
 def test_oom_requeue_moves_the_job_back_to_queued_at_the_next_tier(store: Store) -> None:
     submit(store)
     aid = start(store, "E1/j0")
