@@ -126,6 +126,7 @@ class Store:
         # back: what lets memwatch.History read a new run's peak instead of the whole history
         self.exited = array("q")  # 8 bytes an attempt: a million cost 8 MB
         self.rollbacks = 0
+        self._live: dict[tuple[Any, ...], AttemptRow] = {}  # the last read of live_attempts, by row
         try:
             self.db.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
             if not readonly:
@@ -545,9 +546,16 @@ class Store:
         return [AttemptRow.from_row(r) for r in self.db.execute(q, (job_id,))]
 
     def live_attempts(self) -> list[AttemptRow]:
-        """Attempts launching or running (what holds a slot)."""
+        """Attempts launching or running (what holds a slot). The daemon reads them every tick:
+        a row as it was at the last read is not decoded again (its handle's JSON, its state), so
+        a refill among fourteen jobs that run for hours decodes the one that moved."""
         q = "SELECT * FROM attempts WHERE state IN ('launching', 'running') ORDER BY id"
-        return [AttemptRow.from_row(r) for r in self.db.execute(q)]
+        seen: dict[tuple[Any, ...], AttemptRow] = {}
+        for r in self.db.execute(q):
+            row = tuple(r)
+            seen[row] = self._live.get(row) or AttemptRow.from_row(r)
+        self._live = seen
+        return list(seen.values())
 
     def live_elsewhere(self, host: str) -> list[tuple[str, str]]:
         """(job id, machine) of the attempts running or launching that were started as a

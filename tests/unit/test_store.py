@@ -194,6 +194,30 @@ def new_attempt(job_id: str, token: str) -> NewAttempt:
     )
 
 
+def test_live_attempts_show_every_change_and_decode_only_rows_that_moved(store: Store) -> None:
+    """The daemon reads the live attempts every tick; one whose row is as it was is the same
+    object (not decoded again), and any change to a row shows at the next read."""
+    submit(store)
+    a0, a1 = start(store, "E1/j0", token="t0"), start(store, "E1/j1", token="t1")
+    first = {a.id: a for a in store.live_attempts()}
+    store.mark_running(a1, {"pid": 7}, now=2.0)
+    second = {a.id: a for a in store.live_attempts()}
+    assert second[a0] is first[a0]
+    assert second[a1].state is AttemptState.RUNNING and second[a1].handle == {"pid": 7}
+    store.set_peak(a0, 5000)
+    store.set_handle(a1, {"pid": 8})
+    third = {a.id: a for a in store.live_attempts()}
+    assert third[a0].peak_mib == 5000 and third[a1].handle == {"pid": 8}
+    store.finish_attempt(
+        a0,
+        exit=ExitRecord(exit_code=0),
+        result=Classification(outcome=Outcome.OK, reason="ok"),
+        step=Step(kind=StepKind.DONE, tier=0, reason="done"),
+        now=3.0,
+    )
+    assert [a.id for a in store.live_attempts()] == [a1]
+
+
 def test_a_tick_s_launches_begin_together_and_one_that_cannot_leaves_the_others(store: Store) -> None:
     """``begin_attempts``, the daemon's phase 1 for a whole tick: each job that can take its
     attempt does, numbered and logged as one at a time would be; a job cancelled since the tick
