@@ -129,13 +129,13 @@ class AttemptPaths(Struct, frozen=True):
     def read_exit(self) -> ExitRecord | None:
         """The exit record, merged with the in-job helper's report; None while running
         (or when the wrapper died before it could write one)."""
-        raw = _read_json(self.file(EXIT))
+        raw, written = _read_json_at(self.file(EXIT))
         if raw is None:
             return None
         rt = self.read_runtime()
         started, ended = raw.get("started_at"), raw.get("ended_at")
         if ended is None:  # the wrapper leaves the times to the kernel: the files' mtimes
-            ended = _mtime(self.file(EXIT))
+            ended = written
             started = started if started is not None else _mtime(self.file(PID))
         return ExitRecord(
             exit_code=_int(raw.get("exit_code")),
@@ -179,12 +179,28 @@ CONFIG, LAUNCH, OUTPUT, PID, EXIT, RUNTIME, PIPE = (
 
 
 def _read_json(path: str | Path) -> dict[str, Any] | None:
+    return _read_json_at(path)[0]
+
+
+def _read_json_at(path: str | Path) -> tuple[dict[str, Any] | None, float | None]:
+    """A small JSON file's object and its mtime; (None, None) when it is missing, unreadable or
+    not a whole object. The daemon reads every ended job's exit.json, so one open, read and
+    fstat, without a file object's layers (half the time of ``open``'s, then a ``stat``)."""
     try:
-        with open(path, "rb") as f:  # bytes: json detects UTF-8 itself, no text layer
-            data = json.loads(f.read())
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None, None
+    try:
+        data = b""
+        while chunk := os.read(fd, 65536):
+            data += chunk
+        mtime = os.fstat(fd).st_mtime
+        obj = json.loads(data)  # bytes: json detects UTF-8 itself
     except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+        return None, None
+    finally:
+        os.close(fd)
+    return (obj, mtime) if isinstance(obj, dict) else (None, None)
 
 
 def _mtime(path: str | Path) -> float | None:
