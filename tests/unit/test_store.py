@@ -50,21 +50,31 @@ def submit(store: Store, suite: Suite | None = None, **kw) -> object:  # type: i
     return store.submit(suite or make_suite(), PLAN, backend="subprocess", cwd="/p", env_path=None, **kw)
 
 
-def start(store: Store, job_id: str, token: str = "t1", now: float = 1.0) -> int:
-    return store.begin_attempt(
-        NewAttempt(
-            job_id=job_id,
-            tier=0,
-            tier_name="A",
-            gpu=0,
-            gpu_uuid=None,
-            backend="subprocess",
-            dir=f"/p/logs/{token}",
-            token=token,
-            placement_reason="test",
-        ),
-        now=now,
+def new_attempt(job_id: str, token: str, *, tier: int = 0, why: str = "test") -> NewAttempt:
+    return NewAttempt(
+        job_id=job_id,
+        tier=tier,
+        tier_name="AB"[tier],
+        gpu=tier,
+        gpu_uuid=None,
+        backend="subprocess",
+        dir=f"/p/logs/{token}",
+        token=token,
+        placement_reason=why,
     )
+
+
+def start(store: Store, job_id: str, token: str = "t1", now: float = 1.0) -> int:
+    return store.begin_attempt(new_attempt(job_id, token), now=now)
+
+
+def end(
+    store: Store, attempt_id: int, step: Step, *, outcome: Outcome = Outcome.OK, now: float = 3.0
+) -> None:
+    """Reap an attempt that exited 0 (OK) or 1 with ``outcome``, moving its job per ``step``."""
+    code = 0 if outcome is Outcome.OK else 1
+    result = Classification(outcome=outcome, reason=outcome.value)
+    store.finish_attempt(attempt_id, exit=ExitRecord(exit_code=code), result=result, step=step, now=now)
 
 
 def test_submit_queues_every_job_in_order_and_snapshots_the_suite(store: Store) -> None:
@@ -180,20 +190,6 @@ def test_a_batch_commits_together_and_a_failing_job_inside_it_is_undone_alone(st
     assert [a.id for a in store.live_attempts()] == [a0, a2]
 
 
-def new_attempt(job_id: str, token: str) -> NewAttempt:
-    return NewAttempt(
-        job_id=job_id,
-        tier=1,
-        tier_name="B",
-        gpu=1,
-        gpu_uuid=None,
-        backend="subprocess",
-        dir=f"/p/logs/{token}",
-        token=token,
-        placement_reason=f"placed {token}",
-    )
-
-
 def test_live_attempts_show_every_change_and_decode_only_rows_that_moved(store: Store) -> None:
     """The daemon reads the live attempts every tick; one whose row is as it was is the same
     object (not decoded again), and any change to a row shows at the next read."""
@@ -208,13 +204,7 @@ def test_live_attempts_show_every_change_and_decode_only_rows_that_moved(store: 
     store.set_handle(a1, {"pid": 8})
     third = {a.id: a for a in store.live_attempts()}
     assert third[a0].peak_mib == 5000 and third[a1].handle == {"pid": 8}
-    store.finish_attempt(
-        a0,
-        exit=ExitRecord(exit_code=0),
-        result=Classification(outcome=Outcome.OK, reason="ok"),
-        step=Step(kind=StepKind.DONE, tier=0, reason="done"),
-        now=3.0,
-    )
+    end(store, a0, Step(kind=StepKind.DONE, tier=0, reason="done"))
     assert [a.id for a in store.live_attempts()] == [a1]
 
 
@@ -224,22 +214,16 @@ def test_a_tick_s_launches_begin_together_and_one_that_cannot_leaves_the_others(
     read the queue, one that is gone, and a job asked for twice get why instead, and nothing."""
     submit(store, make_suite(n=4))
     done = start(store, "E1/j3", token="before")  # its second attempt is numbered 2
-    store.finish_attempt(
-        done,
-        exit=ExitRecord(exit_code=1),
-        result=Classification(outcome=Outcome.OOM, reason="oom"),
-        step=Step(kind=StepKind.REQUEUE, tier=1, reason="OOM at tier A -> requeued at tier B"),
-        now=2.0,
-    )
+    end(store, done, Step(kind=StepKind.REQUEUE, tier=1, reason="OOM -> tier B"), outcome=Outcome.OOM)
     store.request_cancel(["E1/j1"])
     got = store.begin_attempts(
         [
-            new_attempt("E1/j0", "t0"),
-            new_attempt("E1/j1", "t1"),
-            new_attempt("E1/nope", "t2"),
-            new_attempt("E1/j3", "t3"),
-            new_attempt("E1/j0", "t4"),
-            new_attempt("E1/j2", "t5"),
+            new_attempt("E1/j0", "t0", tier=1, why="placed t0"),
+            new_attempt("E1/j1", "t1", tier=1, why="placed t1"),
+            new_attempt("E1/nope", "t2", tier=1, why="placed t2"),
+            new_attempt("E1/j3", "t3", tier=1, why="placed t3"),
+            new_attempt("E1/j0", "t4", tier=1, why="placed t4"),
+            new_attempt("E1/j2", "t5", tier=1, why="placed t5"),
         ],
         now=5.0,
     )
