@@ -621,36 +621,31 @@ class Store:
         short jobs begins 16 at a time). Returns, per attempt in order, its id, or why its job
         cannot take it (gone, or no longer queued: cancelled by a client since the tick read
         the queue), which leaves the others' as they are."""
-        out: list[int | GpuschedError] = []
+        refused: dict[int, GpuschedError] = {}  # by the attempt's place in ``news``
         taken: dict[str, tuple[NewAttempt, int, str]] = {}  # job id -> (attempt, its n, the job's state)
-        if not news:
-            return out
         with self.tx():
             q = "SELECT id, state, attempts FROM jobs WHERE id IN ({})"
             rows = {
                 job_id: (state, n) for job_id, state, n in _in_chunks(self.db, q, [a.job_id for a in news])
             }
-            for a in news:
+            for i, a in enumerate(news):
                 row = rows.get(a.job_id)
                 if row is None:
-                    out.append(UsageError(f"no job {a.job_id}"))
+                    refused[i] = UsageError(f"no job {a.job_id}")
                     continue
                 old = JobState.RUNNING if a.job_id in taken else row[0]  # (twice in a batch: it runs)
                 try:
                     check_transition(a.job_id, old, JobState.RUNNING)
                 except GpuschedError as e:
-                    out.append(e)
+                    refused[i] = e
                     continue
                 taken[a.job_id] = (a, row[1] + 1, row[0])
-                out.append(0)  # its id, once inserted
-            if not taken:
-                return out
             moved = self.db.executemany(
                 "UPDATE jobs SET state = 'running', updated_at = ?, attempts = ?, tier = ?,"
                 " wait_reason = NULL WHERE id = ? AND state = ?",
                 [(now, n, a.tier, a.job_id, old) for a, n, old in taken.values()],
             )
-            if moved.rowcount != len(taken):  # somebody moved one meanwhile (not under our write lock)
+            if moved.rowcount != len(taken):  # (cannot be, under the write lock: never a half-done begin)
                 raise UsageError("a job changed state meanwhile; try again")
             self.db.executemany(
                 "INSERT INTO attempts(job_id, n, tier, tier_name, gpu, gpu_uuid, backend, dir, token, state,"
@@ -689,10 +684,7 @@ class Store:
             )
             q = "SELECT token, id FROM attempts WHERE token IN ({})"
             made = dict(_in_chunks(self.db, q, [a.token for a, _, _ in taken.values()]))
-        return [
-            began if isinstance(began, GpuschedError) else made[a.token]
-            for a, began in zip(news, out, strict=True)
-        ]
+        return [refused[i] if i in refused else made[a.token] for i, a in enumerate(news)]
 
     def mark_running(self, attempt_id: int, handle: dict[str, Any], *, now: float) -> None:
         """Phase 2: the pane/process exists."""
