@@ -1,5 +1,5 @@
 """The store's row records: frozen structs built from SQLite rows (``from_row``), and
-what the scheduler hands the store (:class:`NewAttempt`).
+what the scheduler hands the store (:class:`NewAttempt`, :class:`Ending`).
 
 :mod:`gpusched.store` imports them, so ``from gpusched.store import JobRow`` keeps working.
 """
@@ -14,7 +14,7 @@ from typing import Any
 from msgspec import Struct
 
 from gpusched import codec
-from gpusched.model import AttemptState, GpuPlan, JobSpec, JobState, Suite
+from gpusched.model import AttemptState, Classification, ExitRecord, GpuPlan, JobSpec, JobState, Step, Suite
 
 
 class SuiteActivity(Struct):
@@ -151,6 +151,21 @@ class NewAttempt(Struct, frozen=True, kw_only=True):
     placement_reason: str
     predicted_mib: int | None = None
     prediction_source: str | None = None
+
+
+class Ending(Struct, frozen=True, kw_only=True):
+    """How an attempt ended and where its job goes next, as the scheduler decided; recorded
+    by :meth:`Store.finish_attempts`. ``job``: the attempt's job as the caller read it (a
+    tick's reaps read their jobs in one query), else read there. ``count_lost=False``: a
+    ``lost`` outcome does not count towards the job's losses (an attempt that provably never
+    started)."""
+
+    attempt_id: int
+    exit: ExitRecord | None
+    result: Classification
+    step: Step
+    job: JobRow | None = None
+    count_lost: bool = True
 
 
 class GpuOut(Struct, frozen=True, kw_only=True):

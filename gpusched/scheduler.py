@@ -41,7 +41,7 @@ from gpusched.model import (
     StepKind,
     Suite,
 )
-from gpusched.store import AttemptRow, GpuOut, JobRow, NewAttempt, Store, SuiteRow, draining
+from gpusched.store import AttemptRow, Ending, GpuOut, JobRow, NewAttempt, Store, SuiteRow, draining
 
 log = logging.getLogger(__name__)
 
@@ -257,30 +257,33 @@ class Scheduler:
                 self.on_event(f"reconcile: {note}")
             live = self.store.live_attempts()
         still: list[AttemptRow] = []
-        with self.store.tx():  # a tick's reaps in one commit (each one whole: a savepoint)
+        with self.store.tx():  # a tick's reaps in one commit
             cancelled = set(self.store.cancel_requested())  # under the write lock: none lands meanwhile
+            ended: list[tuple[AttemptRow, ExitRecord | None]] = []
             for a in live:
                 if a.state is AttemptState.LAUNCHING:
                     still.append(a)  # its backend could not be asked: keep its slot, ask again next tick
                     continue
-                result = self._check(a, now, cancelled)
-                if result is None:
-                    still.append(a)
+                gone, exit_rec = self._ended(a, cancelled)
+                if gone:
+                    ended.append((a, exit_rec))
                 else:
-                    report.reaped.append((a.job_id, result.value))
+                    still.append(a)
+            outcomes = self.reap_attempts(ended, now)
+        report.reaped += [(a.job_id, o.value) for (a, _), o in zip(ended, outcomes, strict=True)]
         return still
 
-    def _check(self, a: AttemptRow, now: float, cancelled: Collection[str]) -> Outcome | None:
-        """Reap ``a`` if it ended; return its outcome, or None while it runs. ``cancelled``:
-        the running jobs a user asked to cancel."""
+    def _ended(self, a: AttemptRow, cancelled: Collection[str]) -> tuple[bool, ExitRecord | None]:
+        """Whether ``a`` ended, and its exit record (None: it vanished without one).
+        ``cancelled``: the running jobs a user asked to cancel."""
         paths = AttemptPaths(a.dir)
         exit_rec = paths.read_exit()
         if exit_rec is None or self._stopping(a, cancelled):
             ex = self.executors.get(a.backend)
             if ex is not None and a.handle is not None and ex.alive(a.handle):
-                return None
+                return False, None
             exit_rec = paths.read_exit()  # it may have written exit.json just before going
-        return self.reap_attempt(a, exit_rec, now)
+        return True, exit_rec
 
     def _stopping(self, a: AttemptRow, cancelled: Collection[str]) -> bool:
         """Being cancelled or stopped at a limit: reaped only once its whole process group is
@@ -290,11 +293,55 @@ class Scheduler:
 
     def reap_attempt(self, a: AttemptRow, exit_rec: ExitRecord | None, now: float) -> Outcome:
         """Classify an ended attempt (``exit_rec`` None: vanished) and move its job on."""
-        job = self.store.job(a.job_id)
-        assert job is not None
-        paths = AttemptPaths(a.dir)
+        (result,) = self.reap_attempts([(a, exit_rec)], now)
+        return result
+
+    def reap_attempts(
+        self, ended: Sequence[tuple[AttemptRow, ExitRecord | None]], now: float
+    ) -> list[Outcome]:
+        """Classify ended attempts (each with its exit record; None: vanished) and move their
+        jobs on: their jobs read in one query and their ends recorded in one savepoint
+        (:meth:`Store.finish_attempts`). Returns their outcomes, in order."""
+        if not ended:
+            return []
+        jobs = self.store.jobs_by_id([a.job_id for a, _ in ended])
+        ends: list[Ending] = []
+        for a, exit_rec in ended:
+            job = jobs[a.job_id]
+            result, tail = self._classify(a, job, exit_rec, now)
+            came = self._arrivals(a, tail, now) if result.outcome is Outcome.OOM else ()
+            step = self._next_step(job, a, result, now, _newcomers(came) if came else None)
+            if came:
+                self.store.add_arrival(a.id, [p.pid for p in came], _held(came))
+            ends.append(Ending(attempt_id=a.id, exit=exit_rec, result=result, step=step, job=job))
+        self.store.finish_attempts(ends, now=now)
+        ok: set[int] = set()  # cards a job succeeded on: their faults so far were not in a row
+        for (a, exit_rec), e in zip(ended, ends, strict=True):
+            AttemptPaths(a.dir).drop_pipe()  # (a tmux pane's: its wrapper's tee is done with it)
+            card = _our_card(a)
+            if card is not None and e.result.outcome is Outcome.OK:
+                ok.add(card)
+            elif card is not None:
+                self.store.gpus_ok(ok)  # (those before this one, in order)
+                ok.clear()
+                self._count_fault(a, e.result, now)
+            self._term_sent.pop(a.id, None)
+            peak = exit_rec.peak_mib if exit_rec else None
+            self.memory.ended(a, e.result.outcome, now, reported_peak_mib=peak)
+            self.on_event(
+                f"{a.job_id}: attempt {a.n} ({a.tier_name}) {e.result.outcome.value} -> {e.step.reason}"
+            )
+        self.store.gpus_ok(ok)
+        return [e.result.outcome for e in ends]
+
+    def _classify(
+        self, a: AttemptRow, job: JobRow, exit_rec: ExitRecord | None, now: float
+    ) -> tuple[Classification, str]:
+        """What ended ``a``: :func:`outcome.classify` of its exit and log, then what only the
+        daemon knows: no kernel OOM kill behind a SIGKILL, a card lost while it ran. With the
+        tail of its log that was read (none after a success)."""
         failed = exit_rec is None or exit_rec.exit_code != 0 or exit_rec.oom_reported
-        tail = paths.log_tail() if failed else ""
+        tail = AttemptPaths(a.dir).log_tail() if failed else ""
         stop = self._stops.get(a.id)
         result = outcome.classify(
             exit_rec, tail, cancel_requested=job.cancel_requested, stopped_for=stop[0] if stop else None
@@ -311,27 +358,15 @@ class Scheduler:
             how = "stopped" if stop and stop[0] == lost_stop(card) else result.reason
             why = f"its GPU {card} was lost while it ran ({how})"
             result = Classification(outcome=Outcome.GPU_FAULT, reason=why, line=result.line)
-        came = self._arrivals(a, tail, now) if result.outcome is Outcome.OOM else ()
-        step = self._next_step(job, a, result, now, _newcomers(came) if came else None)
-        if came:
-            self.store.add_arrival(a.id, [p.pid for p in came], _held(came))
-        self.store.finish_attempt(a.id, exit=exit_rec, result=result, step=step, now=now, job=job)
-        paths.drop_pipe()  # (a tmux pane's: its wrapper's tee is done with it)
-        if card is not None:
-            self._count_fault(a, result, now)
-        self._term_sent.pop(a.id, None)
-        self.memory.ended(a, result.outcome, now, reported_peak_mib=exit_rec.peak_mib if exit_rec else None)
-        self.on_event(f"{a.job_id}: attempt {a.n} ({a.tier_name}) {result.outcome.value} -> {step.reason}")
-        return result.outcome
+        return result, tail
 
     def _count_fault(self, a: AttemptRow, result: Classification, now: float) -> None:
         """A card that failed under its jobs ``gpu_out_after`` times in a row goes out of
-        service (a success in between starts the count again): else it would fail every job
-        placed there, and, as its slots free fastest, take most of the queue down with it."""
+        service (a success in between starts the count again, :meth:`Store.gpus_ok`): else it
+        would fail every job placed there, and, as its slots free fastest, take most of the
+        queue down with it."""
         assert a.gpu is not None
-        if result.outcome is Outcome.OK:
-            self.store.gpu_ok(a.gpu)
-        elif result.outcome is Outcome.GPU_FAULT:
+        if result.outcome is Outcome.GPU_FAULT:
             why = f"{result.reason}" + (f": {result.line}" if result.line else "")
             if self.store.gpu_fault(a.gpu, a.job_id, why, now=now, out_after=self.settings.gpu_out_after):
                 self.on_event(

@@ -12,6 +12,7 @@ The schema text is :mod:`gpusched.schema`; the row records are :mod:`gpusched.re
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sqlite3
@@ -37,7 +38,16 @@ from gpusched.model import (
     Suite,
     check_transition,
 )
-from gpusched.records import AttemptRow, GpuOut, JobRow, NewAttempt, SubmitResult, SuiteActivity, SuiteRow
+from gpusched.records import (
+    AttemptRow,
+    Ending,
+    GpuOut,
+    JobRow,
+    NewAttempt,
+    SubmitResult,
+    SuiteActivity,
+    SuiteRow,
+)
 from gpusched.schema import ADDED_TABLES, INDEXES, RETIRED_INDEXES, SCHEMA, SCHEMA_VERSION
 
 ACTIVE_STATES = (JobState.QUEUED.value, JobState.RUNNING.value)
@@ -101,6 +111,24 @@ def _in_chunks(db: sqlite3.Connection, sql: str, keys: Sequence[Any]) -> Iterato
     for i in range(0, len(keys), 500):
         chunk = keys[i : i + 500]
         yield from db.execute(sql.format(",".join("?" * len(chunk))), chunk)
+
+
+def _ended_args(e: Ending, now: float) -> tuple[Any, ...]:
+    """The arguments of :meth:`Store.finish_attempts`'s update of an ended attempt."""
+    x = e.exit
+    peak = x.peak_mib if x else None  # the larger of runtime.json's and the sampled peak
+    return (
+        (x.ended_at if x and x.ended_at else now),
+        x.started_at if x else None,
+        x.exit_code if x else None,
+        x.signal if x else None,
+        e.result.outcome.value,
+        e.result.reason,
+        e.result.line,
+        peak,
+        peak,
+        e.attempt_id,
+    )
 
 
 class Store:
@@ -246,15 +274,22 @@ class Store:
 
     def _move(self, job: Mapping[str, Any], new: JobState, now: float, **cols: Any) -> None:
         """Move ``job`` to ``new`` (checked against the transition table), setting ``cols``."""
+        sql, args = self._move_sql(job, new, now, cols)
+        if self.db.execute(sql, args).rowcount != 1:  # moved meanwhile: the caller's view is stale
+            raise UsageError(f"job {job['id']} changed state meanwhile; try again")
+
+    @staticmethod
+    def _move_sql(
+        job: Mapping[str, Any], new: JobState, now: float, cols: Mapping[str, Any]
+    ) -> tuple[str, tuple[Any, ...]]:
+        """The statement and arguments that move ``job`` (``id`` and ``state``) to ``new``,
+        checked against the transition table, setting ``cols``; its last two arguments are
+        the job's id and its state as read (the move happens only from that state)."""
         job_id, old = job["id"], job["state"]
         check_transition(job_id, old, new)
-        sets = ", ".join(f"{k} = ?" for k in cols)
-        args = [*cols.values()]
-        extra = f", {sets}" if sets else ""
-        sql = f"UPDATE jobs SET state = ?, updated_at = ?{extra} WHERE id = ? AND state = ?"
-        cur = self.db.execute(sql, (new.value, now, *args, job_id, str(old)))
-        if cur.rowcount != 1:  # somebody moved it meanwhile: the caller's view is stale
-            raise UsageError(f"job {job_id} changed state meanwhile; try again")
+        sets = "".join(f", {k} = ?" for k in cols)
+        sql = f"UPDATE jobs SET state = ?, updated_at = ?{sets} WHERE id = ? AND state = ?"
+        return sql, (new.value, now, *cols.values(), job_id, str(old))
 
     # ------------------------------------------------------------------ submit
 
@@ -422,6 +457,11 @@ class Store:
     def job(self, job_id: str) -> JobRow | None:
         r = self.db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return JobRow.from_row(r) if r else None
+
+    def jobs_by_id(self, ids: Collection[str]) -> dict[str, JobRow]:
+        """The jobs of ``ids`` that exist, by id (one query, 500 ids at a time)."""
+        q = "SELECT * FROM jobs WHERE id IN ({})"
+        return {r["id"]: JobRow.from_row(r) for r in _in_chunks(self.db, q, list(dict.fromkeys(ids)))}
 
     def jobs(
         self, *, suite: str | None = None, states: Iterable[str] | None = None, limit: int | None = None
@@ -714,71 +754,101 @@ class Store:
         count_lost: bool = True,
         job: JobRow | None = None,
     ) -> None:
-        """Record an attempt's end and move its job per ``step`` in ONE transaction.
-        ``count_lost=False``: a ``lost`` outcome does not count towards the job's losses
-        (an attempt that provably never started). ``job``: the attempt's job as the caller
-        read it (the daemon's reap, in the tick's transaction), not read again; its move still
-        checks that its state is the one read."""
+        """Record one attempt's end and move its job per ``step``, in one transaction
+        (:meth:`finish_attempts`, whose :class:`Ending` says what the arguments mean)."""
+        ending = Ending(
+            attempt_id=attempt_id, exit=exit, result=result, step=step, job=job, count_lost=count_lost
+        )
+        self.finish_attempts([ending], now=now)
+
+    def finish_attempts(self, ends: Sequence[Ending], *, now: float) -> list[bool]:
+        """Record a tick's reaps: each attempt's end, and its job moved per its step, all in
+        one savepoint, a statement for all of them at each step (not six a reap: a burst of
+        short jobs ends 16 at a time). An attempt recorded ended already is left as it is (a
+        restarted daemon may see it twice). Returns, per ending in order, whether it was
+        recorded here. A job's move still checks that its state is the one read (its
+        ``job``, or read here); a job that moved meanwhile undoes the whole batch."""
+        if not ends:
+            return []
         with self.tx():
-            ended = self.db.execute(
+            q = "SELECT id FROM attempts WHERE state != 'exited' AND id IN ({})"
+            still = {i for (i,) in _in_chunks(self.db, q, [e.attempt_id for e in ends])}
+            recorded = []
+            for e in ends:  # (an attempt twice in a batch ends once)
+                recorded.append(e.attempt_id in still)
+                still.discard(e.attempt_id)
+            todo = [e for e, ok in zip(ends, recorded, strict=True) if ok]
+            if not todo:
+                return recorded
+            self.db.executemany(
                 "UPDATE attempts SET state = 'exited', ended_at = ?, started_at = COALESCE(?, started_at),"
                 " exit_code = ?, signal = ?, outcome = ?, reason = ?, line = ?,"
-                " peak_mib = COALESCE(MAX(?, peak_mib), ?, peak_mib) WHERE id = ? AND state != 'exited'",
-                (
-                    (exit.ended_at if exit and exit.ended_at else now),
-                    exit.started_at if exit else None,
-                    exit.exit_code if exit else None,
-                    exit.signal if exit else None,
-                    result.outcome.value,
-                    result.reason,
-                    result.line,
-                    exit.peak_mib if exit else None,
-                    exit.peak_mib if exit else None,  # the larger of runtime.json's and the sampled peak
-                    attempt_id,
-                ),
+                " peak_mib = COALESCE(MAX(?, peak_mib), ?, peak_mib) WHERE id = ?",
+                [_ended_args(e, now) for e in todo],
             )
-            if ended.rowcount != 1:
-                return  # already reaped (idempotent: a restarted daemon may see it twice)
-            self.exited.append(attempt_id)
-            if job is None:
-                row = self.db.execute(
-                    "SELECT * FROM jobs WHERE id = (SELECT job_id FROM attempts WHERE id = ?)", (attempt_id,)
-                ).fetchone()
-            else:  # (what _apply_step reads of it)
-                row = {"id": job.id, "state": job.state.value, "errors": job.errors, "lost": job.lost}
-            self._apply_step(row, result, step, now, count_lost=count_lost)
+            q = (
+                "SELECT a.id, j.id, j.state, j.errors, j.lost FROM attempts a JOIN jobs j ON j.id = a.job_id"
+                " WHERE a.id IN ({})"
+            )
+            unread = [e.attempt_id for e in todo if e.job is None]
+            read = {aid: tuple(rest) for aid, *rest in _in_chunks(self.db, q, unread)}
+            jobs: dict[str, dict[str, Any]] = {}  # by id, as the batch's moves leave them
+            moves = []
+            for e in todo:
+                j = e.job
+                job_id, state, errors, lost = (
+                    (j.id, j.state.value, j.errors, j.lost) if j is not None else read[e.attempt_id]
+                )
+                row = jobs.setdefault(job_id, {"id": job_id, "state": state, "errors": errors, "lost": lost})
+                moves.append(self._step_move(row, e.result, e.step, now, count_lost=e.count_lost))
+            self._move_many(moves)
+            self.db.executemany(
+                "INSERT INTO events(at, job_id, kind, message) VALUES (?, ?, ?, ?)",
+                [
+                    (now, args[-2], e.step.kind.value, e.step.reason)
+                    for (_, args), e in zip(moves, todo, strict=True)
+                ],
+            )
+        self.exited.extend(e.attempt_id for e in todo)
+        return recorded
 
-    def _apply_step(
-        self,
-        job: Mapping[str, Any],
-        result: Classification,
-        step: Step,
-        now: float,
-        *,
-        count_lost: bool = True,
-    ) -> None:
-        common: dict[str, Any] = {
+    @staticmethod
+    def _step_move(
+        job: dict[str, Any], result: Classification, step: Step, now: float, *, count_lost: bool = True
+    ) -> tuple[str, tuple[Any, ...]]:
+        """The move of ``job`` (``id``, ``state``, ``errors``, ``lost``) that ``step`` makes after
+        ``result``, as :meth:`_move_sql` gives it; ``job`` is changed to what it leaves."""
+        cols: dict[str, Any] = {
             "outcome": result.outcome.value,
             "reason": step.reason,
             "line": result.line,
             "tier": step.tier,
         }
         if result.outcome.value in ("error", "timeout"):  # both spend the suite's retry.errors
-            common["errors"] = job["errors"] + 1
+            cols["errors"] = job["errors"] = job["errors"] + 1
         if result.outcome.value == "lost" and count_lost:
-            common["lost"] = job["lost"] + 1
+            cols["lost"] = job["lost"] = job["lost"] + 1
         if step.kind is StepKind.REQUEUE:
-            self._move(
-                job, JobState.QUEUED, now, avoid_gpu=step.avoid_gpu, not_before=step.not_before, **common
-            )
+            new = JobState.QUEUED
+            cols.update(avoid_gpu=step.avoid_gpu, not_before=step.not_before)
         else:
             new = {
                 StepKind.DONE: JobState.SUCCEEDED,
                 StepKind.FAIL: JobState.FAILED,
                 StepKind.CANCEL: JobState.CANCELLED,
             }[step.kind]
-            self._move(job, new, now, ended_at=now, cancel_requested=0, **common)
-        self._event(now, job["id"], step.kind.value, step.reason)
+            cols.update(ended_at=now, cancel_requested=0)
+        move = Store._move_sql(job, new, now, cols)
+        job["state"] = new.value
+        return move
+
+    def _move_many(self, moves: Sequence[tuple[str, tuple[Any, ...]]]) -> None:
+        """Run ``moves`` (:meth:`_move_sql`) in order, each run of one statement as one
+        ``executemany``; a job that moved meanwhile raises (the caller's view is stale)."""
+        for sql, run in itertools.groupby(moves, key=lambda m: m[0]):
+            args = [a for _, a in run]
+            if self.db.executemany(sql, args).rowcount != len(args):
+                raise UsageError("a job changed state meanwhile; try again")
 
     def set_peak(self, attempt_id: int, peak_mib: int) -> None:
         """Raise an attempt's recorded peak (the daemon samples per-process memory)."""
@@ -970,10 +1040,14 @@ class Store:
                 self._event(now, None, "gpu_out", f"GPU {gpu} out of service: {why}")
             return bool(cur.rowcount)
 
-    def gpu_ok(self, gpu: int) -> None:
-        """A job succeeded on ``gpu``: its faults so far were not in a row (an out-of-service
+    def gpus_ok(self, gpus: Collection[int]) -> None:
+        """Jobs succeeded on ``gpus``: their faults so far were not in a row (an out-of-service
         GPU stays out: only a person brings it back)."""
-        self.db.execute("DELETE FROM gpu_faults WHERE gpu = ? AND out_since IS NULL", (gpu,))
+        if gpus:  # (a machine's cards: never near SQLite's limit of parameters)
+            marks = ",".join("?" * len(gpus))
+            self.db.execute(
+                f"DELETE FROM gpu_faults WHERE out_since IS NULL AND gpu IN ({marks})", sorted(gpus)
+            )
 
     def count_outcomes(self, job_id: str, outcome: Outcome) -> int:
         """How many of the job's attempts since it was last queued by a person (its submit, a

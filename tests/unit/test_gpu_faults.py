@@ -109,6 +109,28 @@ def test_a_success_between_two_faults_keeps_the_card_in_service(world: World, tm
     assert world.store.gpus_out() == {}  # a flaky job or two, not a broken card
 
 
+def test_reaps_of_one_tick_count_a_card_s_faults_in_the_order_its_jobs_ended(tmp_path: Path) -> None:
+    """A tick's reaps are recorded together, but a success still ends the run of faults before
+    it, and only those: a card with one fault whose next two jobs end in one tick, the earlier
+    well and the later on a fault, has one fault in a row, not two, and stays in service."""
+    world = World(tmp_path, GpuPlan(gpus=(1,), slots=(2,)))
+    world.submit(make_suite(tmp_path, n=6))
+    world.tick()
+    first = min(world.store.live_attempts(), key=lambda a: a.id)
+    end(world, first.job_id, fault=True)
+    world.tick()  # one fault; the card's two slots run two jobs again
+    older, newer = sorted(world.store.live_attempts(), key=lambda a: a.id)
+    end(
+        world, newer.job_id, fault=True
+    )  # (the files written in the other order: the reaps' order is the tick's)
+    end(world, older.job_id, fault=False)
+    report = world.tick()
+    assert report.reaped == [(older.job_id, "ok"), (newer.job_id, "gpu_fault")]
+    assert world.store.gpus_out() == {}
+    row = world.store.db.execute("SELECT faults, last_job FROM gpu_faults WHERE gpu = 1").fetchone()
+    assert tuple(row) == (1, newer.job_id)
+
+
 def test_jobs_whose_every_gpu_is_out_of_service_wait_and_say_why(tmp_path: Path) -> None:
     world = World(tmp_path, GpuPlan(gpus=(1,), slots=(1,)))
     world.store.gpu_fault(1, "E0/x", "the GPU is lost", now=1.0, out_after=1)

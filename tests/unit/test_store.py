@@ -23,7 +23,7 @@ from gpusched.model import (
     Suite,
     Tier,
 )
-from gpusched.store import SCHEMA_VERSION, NewAttempt, Store
+from gpusched.store import SCHEMA_VERSION, Ending, JobRow, NewAttempt, Store
 
 PLAN = GpuPlan(gpus=(0, 1), slots=(2, 1))
 
@@ -258,6 +258,84 @@ def test_a_tick_s_launches_begin_together_and_one_that_cannot_leaves_the_others(
         "attempt 2 at tier B on GPU 1: placed t3",
         "attempt 1 at tier B on GPU 1: placed t5",
     ]
+
+
+def ending(
+    attempt_id: int, step: Step, *, outcome: Outcome = Outcome.OK, job: JobRow | None = None
+) -> Ending:
+    code = 0 if outcome is Outcome.OK else 1
+    result = Classification(outcome=outcome, reason=outcome.value)
+    return Ending(attempt_id=attempt_id, exit=ExitRecord(exit_code=code), result=result, step=step, job=job)
+
+
+def test_a_tick_s_reaps_end_together_each_as_one_at_a_time_would(store: Store) -> None:
+    """``finish_attempts``, the daemon's reaps of a whole tick: each attempt recorded ended and
+    its job moved per its own step (done, requeued with an error counted, failed), with its
+    event, whether the caller passed the job it read or not; an attempt reaped already (a
+    restarted daemon's second look), or twice in the batch, is left as it is."""
+    submit(store, make_suite(n=4))
+    ids = [start(store, f"E1/j{i}", token=f"t{i}") for i in range(4)]
+    end(store, ids[3], Step(kind=StepKind.DONE, tier=0, reason="done before"))
+    done = Step(kind=StepKind.DONE, tier=0, reason="done")
+    retry = Step(kind=StepKind.REQUEUE, tier=0, reason="error -> retried", not_before=60.0)
+    fail = Step(kind=StepKind.FAIL, tier=0, reason="error -> failed")
+    got = store.finish_attempts(
+        [
+            ending(ids[0], done, job=store.job("E1/j0")),
+            ending(ids[1], retry, outcome=Outcome.ERROR),
+            ending(ids[3], fail, outcome=Outcome.ERROR),
+            ending(ids[2], fail, outcome=Outcome.ERROR),
+            ending(ids[1], fail, outcome=Outcome.ERROR),
+        ],
+        now=9.0,
+    )
+    assert got == [True, True, False, True, False]
+    jobs = {j: store.job(f"E1/{j}") for j in ("j0", "j1", "j2", "j3")}
+    assert {j: (r.state, r.errors, r.reason) for j, r in jobs.items() if r is not None} == {
+        "j0": (JobState.SUCCEEDED, 0, "done"),
+        "j1": (JobState.QUEUED, 1, "error -> retried"),
+        "j2": (JobState.FAILED, 1, "error -> failed"),
+        "j3": (JobState.SUCCEEDED, 0, "done before"),
+    }
+    assert jobs["j1"].not_before == 60.0 and jobs["j0"].ended_at == 9.0  # type: ignore[union-attr]
+    attempts = {a: store.attempt(a) for a in ids}
+    assert [(a.state, a.outcome, a.ended_at) for a in attempts.values() if a is not None] == [
+        (AttemptState.EXITED, Outcome.OK, 9.0),
+        (AttemptState.EXITED, Outcome.ERROR, 9.0),
+        (AttemptState.EXITED, Outcome.ERROR, 9.0),
+        (AttemptState.EXITED, Outcome.OK, 3.0),
+    ]
+    events = [
+        (j, k, m) for j, k, m in store.db.execute("SELECT job_id, kind, message FROM events WHERE at = 9.0")
+    ]
+    assert events == [
+        ("E1/j0", "done", "done"),
+        ("E1/j1", "requeue", "error -> retried"),
+        ("E1/j2", "fail", "error -> failed"),
+    ]
+    assert list(store.exited)[-3:] == [ids[0], ids[1], ids[2]]
+
+
+def test_a_tick_s_reaps_are_undone_together_when_a_job_moved_meanwhile(store: Store) -> None:
+    """A job the caller read running that moved since (its view is stale): nothing of the
+    batch is recorded, so the tick that read it tries again from what is true."""
+    submit(store)
+    a0, a1 = start(store, "E1/j0", token="t0"), start(store, "E1/j1", token="t1")
+    stale = store.job("E1/j1")
+    store.finish_attempt(
+        a1,
+        exit=None,
+        result=Classification(outcome=Outcome.LOST, reason="lost"),
+        step=Step(kind=StepKind.REQUEUE, tier=0, reason="lost -> requeued"),
+        now=4.0,
+    )
+    store.db.execute("UPDATE attempts SET state = 'running' WHERE id = ?", (a1,))  # as if not reaped
+    done = Step(kind=StepKind.DONE, tier=0, reason="done")
+    with pytest.raises(UsageError, match="changed state meanwhile"):
+        store.finish_attempts([ending(a0, done), ending(a1, done, job=stale)], now=9.0)
+    assert store.job("E1/j0").state is JobState.RUNNING  # type: ignore[union-attr]
+    assert store.attempt(a0).state is AttemptState.LAUNCHING  # type: ignore[union-attr]
+    assert 9.0 not in [at for (at,) in store.db.execute("SELECT at FROM events")]
 
 
 def test_oom_requeue_moves_the_job_back_to_queued_at_the_next_tier(store: Store) -> None:
