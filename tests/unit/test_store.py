@@ -322,13 +322,7 @@ def test_a_tick_s_reaps_are_undone_together_when_a_job_moved_meanwhile(store: St
     submit(store)
     a0, a1 = start(store, "E1/j0", token="t0"), start(store, "E1/j1", token="t1")
     stale = store.job("E1/j1")
-    store.finish_attempt(
-        a1,
-        exit=None,
-        result=Classification(outcome=Outcome.LOST, reason="lost"),
-        step=Step(kind=StepKind.REQUEUE, tier=0, reason="lost -> requeued"),
-        now=4.0,
-    )
+    end(store, a1, Step(kind=StepKind.REQUEUE, tier=0, reason="lost -> requeued"), outcome=Outcome.LOST)
     store.db.execute("UPDATE attempts SET state = 'running' WHERE id = ?", (a1,))  # as if not reaped
     done = Step(kind=StepKind.DONE, tier=0, reason="done")
     with pytest.raises(UsageError, match="changed state meanwhile"):
