@@ -793,7 +793,7 @@ class Store:
             unread = [e.attempt_id for e in todo if e.job is None]
             read = {aid: tuple(rest) for aid, *rest in _in_chunks(self.db, q, unread)}
             jobs: dict[str, dict[str, Any]] = {}  # by id, as the batch's moves leave them
-            moves = []
+            moves, events = [], []
             for e in todo:
                 j = e.job
                 job_id, state, errors, lost = (
@@ -801,14 +801,9 @@ class Store:
                 )
                 row = jobs.setdefault(job_id, {"id": job_id, "state": state, "errors": errors, "lost": lost})
                 moves.append(self._step_move(row, e.result, e.step, now, count_lost=e.count_lost))
+                events.append((now, job_id, e.step.kind.value, e.step.reason))
             self._move_many(moves)
-            self.db.executemany(
-                "INSERT INTO events(at, job_id, kind, message) VALUES (?, ?, ?, ?)",
-                [
-                    (now, args[-2], e.step.kind.value, e.step.reason)
-                    for (_, args), e in zip(moves, todo, strict=True)
-                ],
-            )
+            self.db.executemany("INSERT INTO events(at, job_id, kind, message) VALUES (?, ?, ?, ?)", events)
         self.exited.extend(e.attempt_id for e in todo)
         return recorded
 
