@@ -1,22 +1,23 @@
 #!/bin/bash
 # One run of the aims and the real-GPU checks on a lent, bare GPU machine that has Python and
 # torch but nothing of gpusched's own, and no network. What it needs is carried beside the
-# checkout (both folders are in .gitignore):
+# checkout (the folders are in .gitignore):
 #
 #   .whl/  the wheels of gpusched's dependencies that machine lacks, for its Python:
 #          python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #            --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
 #            -d .whl libtmux tenacity msgspec simple-gpu-scheduler
-#   .before/  optional: an earlier tree for the first-launch part to run in turn with this one
-#          (git archive COMMIT gpusched | tar -x -C .before)
+#   .before/  optional: an earlier tree, for the aims' dispatch rows and the night's first launch
+#          to run in turn with this one
+#          (git archive COMMIT gpusched | tar -x -C .before; echo COMMIT > .before/COMMIT)
 #   .deb/  the tools compared against: (cd .deb && apt-get download task-spooler parallel tmux
 #          libevent-core-2.1-7 libutempter0); unpacked with dpkg -x into a scratch root, never /
 #
 #   bash benchmarks/gpu_machine.sh OUT_DIR [STEPS]    # STEPS: the OOM ladder's steps a job (4)
 #
-# Writes each part's output to OUT_DIR (dispatch.txt, runner.txt, first_launch.txt, gpu_checks.txt,
-# refill.txt, status.txt) as it goes, so what ran before a time limit is kept. About 6 minutes on
-# 16 cores and an H200.
+# Writes each part's output to OUT_DIR (in_turn.txt, gpu_checks.txt, dispatch.txt, runner.txt,
+# first_launch.txt, refill.txt, status.txt) as it goes, so what ran before a time limit is kept.
+# About 7 minutes on 16 cores and an H200.
 set -u
 out=${1:?usage: gpu_machine.sh OUT_DIR [STEPS]}
 steps=${2:-4}
@@ -34,7 +35,8 @@ if ! command -v tmux >/dev/null; then
 fi
 export PATH=$PATH:/tmp/debroot/usr/bin
 {
-    echo "cores: $(nproc); $(python3 --version); $(tmux -V); commit: $(git rev-parse --short HEAD 2>/dev/null)"
+    echo "cores: $(nproc); $(python3 --version); $(tmux -V); commit: $(git rev-parse --short HEAD 2>/dev/null)" \
+        "$([ -f .before/COMMIT ] && echo "; .before: $(cat .before/COMMIT)")"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 } | tee "$out/machine.txt"
 part() {  # part NAME LIMIT_S COMMAND...: one part, its output to OUT_DIR/NAME.txt, cut at LIMIT_S
@@ -44,13 +46,22 @@ part() {  # part NAME LIMIT_S COMMAND...: one part, its output to OUT_DIR/NAME.t
     timeout "$limit" "$@" 2>&1 | tee "$out/$name.txt"
     echo "--- $name: exit ${PIPESTATUS[0]} after $((SECONDS - t)) s" | tee -a "$out/$name.txt"
 }
-part dispatch 150 env TMPDIR=/dev/shm python3 benchmarks/bench_dispatch.py --repeat 3
+# the aims' rows in turn with .before/ (three rounds), then the whole table once; without
+# .before/, the whole table three times
+rounds=3
+if [ -d .before/gpusched ]; then
+    rounds=1
+    part in_turn 180 bash -c 'for r in 1 2 3; do for tree in now .before; do echo "=== round $r: $tree";
+        PYTHONPATH=$PWD/${tree#now}:/tmp/site TMPDIR=/dev/shm python3 benchmarks/bench_dispatch.py \
+        --only "gpusched (subprocess),gpusched (tmux),task-spooler,GNU parallel"; done; done'
+fi
+part gpu_checks 270 bash benchmarks/gpu_checks.sh "$steps"
+part dispatch 150 env TMPDIR=/dev/shm python3 benchmarks/bench_dispatch.py --repeat $rounds
 # three rounds of plain processes in turn: wrappers forked by the runner (the default) and each
 # started on its own (GPUSCHED_RUNNER=0, as before stop 40; benchmarks/README.md, "Stop 40")
 part runner 120 bash -c 'for r in 1 2 3; do for on in 1 0; do echo "GPUSCHED_RUNNER=$on";
     GPUSCHED_RUNNER=$on TMPDIR=/dev/shm python3 benchmarks/bench_dispatch.py --only "gpusched (subprocess)"; done; done'
 # the night's first launch (submit to the first job, no daemon running), in turn with .before/
 part first_launch 60 bash -c 'python3 benchmarks/bench_first_launch.py --rounds 8 $([ -d .before/gpusched ] && echo --before .before)'
-part gpu_checks 270 bash benchmarks/gpu_checks.sh "$steps"
 part refill 90 python3 benchmarks/bench_refill.py --jobs 300
 part status 60 python3 benchmarks/bench_status.py --runs 3
