@@ -670,7 +670,12 @@ class MemoryWatch:
         if any(g.processes for g in gpus):
             pids = self.trees(live)
             trees = [
-                memory.Tree(attempt_id=a.id, job_id=a.job_id, gpu=a.gpu, pids=pids.get(a.id, frozenset()))
+                memory.Tree(
+                    attempt_id=a.id,
+                    job_id=a.job_id,
+                    gpu=a.gpu,
+                    pids=pids.get(a.id, frozenset()) | self._last(a.id),
+                )
                 for a in live
             ]
             if not self._releasing_read:
@@ -685,6 +690,12 @@ class MemoryWatch:
         for gone in set(self.seen) - live_ids:
             del self.seen[gone]
         return att
+
+    def _last(self, attempt_id: int) -> frozenset[int]:
+        """The attempt's processes on its card at the last look. One that exited since, before
+        the attempt was reaped, is no longer below its wrapper, but the driver may still list it."""
+        s = self.seen.get(attempt_id)
+        return s.pids if s is not None else frozenset()
 
     def _note(
         self, a: AttemptRow, u: memory.Usage, now: float, gpus: Sequence[GpuState], att: memory.Attribution
@@ -742,8 +753,9 @@ class MemoryWatch:
         being released, as the daemon before it knew (and as `status` says)."""
         known = {pid for t in trees for pid in t.pids}
         unknown = {p.pid for g in gpus for p in g.processes if p.pid not in known}
-        for a, pids in self.store.ended_gpu_pids(unknown, since=now - self.release_s) if unknown else ():
-            self.releasing.setdefault(a.id, (ending_tree(a, pids), a.ended_at or now))
+        for a, pids in self.store.exited_gpu_pids(unknown, since=now - self.release_s) if unknown else ():
+            if a.ended_at is not None:
+                self.releasing.setdefault(a.id, (ending_tree(a, pids), a.ended_at))
 
     def _expire(self, gpus: Sequence[GpuState], now: float) -> None:
         """An ended attempt's processes stop being ours once none of them is on its card any

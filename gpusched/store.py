@@ -853,21 +853,22 @@ class Store:
         )
 
     def add_gpu_pids(self, attempt_id: int, pids: Collection[int]) -> None:
-        """Record processes the daemon saw on an attempt's card (see :meth:`ended_gpu_pids`)."""
+        """Record processes the daemon saw on an attempt's card (see :meth:`exited_gpu_pids`)."""
         self.db.executemany(
             "INSERT OR IGNORE INTO gpu_pids (pid, attempt_id) VALUES (?, ?)", [(p, attempt_id) for p in pids]
         )
 
-    def ended_gpu_pids(
+    def exited_gpu_pids(
         self, pids: Collection[int], *, since: float
     ) -> list[tuple[AttemptRow, frozenset[int]]]:
-        """The attempts ended at ``since`` or later that had one of ``pids`` on their card, each
-        with those of ``pids`` it had: a process that exited stays listed by the driver while
-        its memory is released. Recent ones only: a pid is reused in time."""
+        """The attempts still running, or ended at ``since`` or later, that had one of ``pids``
+        on their card, each with those of ``pids`` it had: a process that exited stays listed by
+        the driver while its memory is released, from before its attempt is reaped to after.
+        Recent ones only: a pid is reused in time."""
         seen: dict[int, set[int]] = {}  # attempt id -> its pids among ``pids`` (a card's few)
         q = (
             "SELECT g.attempt_id, g.pid FROM gpu_pids g JOIN attempts a ON a.id = g.attempt_id"
-            f" WHERE g.pid IN ({','.join('?' * len(pids))}) AND a.ended_at >= ?"
+            f" WHERE g.pid IN ({','.join('?' * len(pids))}) AND (a.ended_at IS NULL OR a.ended_at >= ?)"
         )
         for aid, pid in self.db.execute(q, (*pids, since)):
             seen.setdefault(aid, set()).add(pid)

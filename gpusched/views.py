@@ -256,31 +256,33 @@ def attribution(
     now: float | None = None,
 ) -> memory.Attribution:
     """Which GPU processes belong to which running job: its wrapper and everything below it.
-    With ``store``, a process no running job holds is still ours when it belongs to one of our
-    attempts that ended (see :func:`_ended_trees`): the daemon counts those as ours while their
-    memory is released, and `status` must not show them as someone else's."""
+    With ``store``, a process below none of them is still ours when it carries one of our
+    attempts' tokens or exited from one (see :func:`_strays`): a running job's process that
+    exited before the job was reaped, or an ended one's while its memory is released. The
+    daemon counts those as ours, and `status` must not show them as someone else's."""
     if not any(g.processes for g in gpus):
         return memory.attribute(gpus, [])
     pids = (trees or memwatch.attempt_trees)(live)
-    trees_of = [
-        memory.Tree(
-            attempt_id=a.id, job_id=a.job_id, gpu=a.gpu, pids=_wrapper(a) | pids.get(a.id, frozenset())
-        )
-        for a in live
-    ]
+    mine = {a.id: _wrapper(a) | pids.get(a.id, frozenset()) for a in live}
+    ended: list[memory.Tree] = []
     if store is not None:
-        known = {pid for t in trees_of for pid in t.pids}
+        known = set().union(*mine.values())
         unknown = {p.pid for g in gpus for p in g.processes if p.pid not in known}
-        trees_of += _ended_trees(store, unknown, time.time() if now is None else now)
-    return memory.attribute(gpus, trees_of)
+        for a, strays in _strays(store, unknown, time.time() if now is None else now) if unknown else ():
+            if a.id in mine:
+                mine[a.id] |= strays
+            else:
+                ended.append(memwatch.ending_tree(a, strays))
+    trees_of = [memory.Tree(attempt_id=a.id, job_id=a.job_id, gpu=a.gpu, pids=mine[a.id]) for a in live]
+    return memory.attribute(gpus, [*trees_of, *ended])
 
 
-def _ended_trees(store: Store, pids: set[int], now: float) -> list[memory.Tree]:
-    """Trees (``ending``) of our ended attempts that ``pids`` belong to. A live process carries
+def _strays(store: Store, pids: set[int], now: float) -> list[tuple[AttemptRow, frozenset[int]]]:
+    """Our attempts that ``pids`` belong to, each with its own of them. A live process carries
     its attempt's token in its environment (one read of /proc/PID/environ per process that no
     running job holds; someone else's fails at once). One that has exited, but that the driver
     still lists while it releases the memory, is found among the processes the daemon saw on an
-    attempt's card, for attempts ended in the last :data:`memory.RELEASE_S`."""
+    attempt's card, for attempts still running or ended in the last :data:`memory.RELEASE_S`."""
     from gpusched import proc
     from gpusched.executors import TOKEN_ENV
 
@@ -289,10 +291,10 @@ def _ended_trees(store: Store, pids: set[int], now: float) -> list[memory.Tree]:
         token = proc.environ_value(pid, TOKEN_ENV)
         if token:
             by_token.setdefault(token, set()).add(pid)
-    ended = [(a, frozenset(by_token[a.token])) for a in store.attempts_by_token(by_token)] if by_token else []
+    found = [(a, frozenset(by_token[a.token])) for a in store.attempts_by_token(by_token)] if by_token else []
     if gone := pids.difference(*by_token.values()):
-        ended += store.ended_gpu_pids(gone, since=now - memory.RELEASE_S)
-    return [memwatch.ending_tree(a, ps) for a, ps in ended]
+        found += store.exited_gpu_pids(gone, since=now - memory.RELEASE_S)
+    return found
 
 
 def _wrapper(a: AttemptRow) -> frozenset[int]:

@@ -150,7 +150,7 @@ def test_status_reads_a_database_of_an_older_gpusched_read_only(tmp_path: Path) 
     src = Path(__file__).resolve().parent.parent / "data" / "store-v1.db"
     shutil.copy(src, tmp_path / "gs.db")
     old = Store(tmp_path / "gs.db", readonly=True)
-    assert old.stops() == {} and old.gpus_out() == {} and old.ended_gpu_pids({4242}, since=0) == []
+    assert old.stops() == {} and old.gpus_out() == {} and old.exited_gpu_pids({4242}, since=0) == []
     doc = status(old, [], daemon=None, trees=lambda: {}).doc()
     assert doc["jobs"] and all(j["stopping"] is None for j in doc["jobs"])
 

@@ -533,6 +533,31 @@ def test_status_counts_an_exited_jobs_process_the_driver_still_lists_as_ours(tmp
     assert box.status()["gpus"][0]["outside_mib"] == 10 * GIB
 
 
+def test_a_jobs_exited_process_is_ours_before_its_attempt_is_reaped(tmp_path: Path) -> None:
+    # seen on a real H200 with the tmux backend: between a job's process exiting and the daemon
+    # reaping its attempt (the wrapper still writing how it ended, the pane closing), NVML still
+    # lists the process, no longer below the job's wrapper, and `status` named it someone else's.
+    gone = 2**22 + 1  # above any pid_max: no process here has it
+    box = Box(tmp_path, GpuPlan(gpus=(0,), slots=(1,)), cards="1x24GiB")
+    box.submit(make_suite(tmp_path, 1))
+    box.tick()
+    token = box.run_on("E1/0-qnli", 0, {gone: 8, 102: 4})  # the trainer and a helper on the card
+    box.procs[0].append(GpuProcess(pid=4242, used_mib=2 * GIB))  # someone else's
+    box.tick()  # the daemon sees the job's processes on its card and writes their pids down
+    box.trees[token] = frozenset({99, 102})  # the trainer exited; its attempt still runs
+    gpu = box.status()["gpus"][0]
+    assert gpu["processes"] == [
+        {"pid": gone, "used_mib": 8 * GIB, "ours": True, "job": "E1/0-qnli"},
+        {"pid": 102, "used_mib": 4 * GIB, "ours": True, "job": "E1/0-qnli"},
+        {"pid": 4242, "used_mib": 2 * GIB, "ours": False, "job": None},
+    ]
+    assert gpu["outside_mib"] == 2 * GIB
+    live = box.store.live_attempts()
+    att = box.sched.memory.measure(live, box.probe.snapshot(), box.now + 1)  # the daemon's next look
+    assert att.outside_mib == {0: 2 * GIB} and att.owner(0, gone) is not None
+    assert att.usage[box.attempt("E1/0-qnli").id].used_mib == 12 * GIB
+
+
 def test_a_restarted_daemon_still_counts_an_ended_jobs_releasing_memory_as_ours(tmp_path: Path) -> None:
     gone = 2**22 + 1  # above any pid_max: an exited process the driver still lists
     box = Box(tmp_path, GpuPlan(gpus=(0,), slots=(1,)), cards="1x24GiB")
