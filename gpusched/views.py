@@ -280,9 +280,11 @@ def attribution(
 def _strays(store: Store, pids: set[int], now: float) -> list[tuple[AttemptRow, frozenset[int]]]:
     """Our attempts that ``pids`` belong to, each with its own of them. A live process carries
     its attempt's token in its environment (one read of /proc/PID/environ per process that no
-    running job holds; someone else's fails at once). One that has exited, but that the driver
-    still lists while it releases the memory, is found among the processes the daemon saw on an
-    attempt's card, for attempts still running or ended in the last :data:`memory.RELEASE_S`."""
+    running job holds; someone else's fails at once). One that has exited (no such process, or
+    a zombie), but that the driver still lists while it releases the memory, is found among the
+    processes the daemon saw on an attempt's card, for attempts still running or ended in the
+    last :data:`memory.RELEASE_S`. A live process without a token is someone else's, even where
+    its pid was once one of ours: pids are reused, and a job runs for hours."""
     from gpusched import proc
     from gpusched.executors import TOKEN_ENV
 
@@ -292,7 +294,7 @@ def _strays(store: Store, pids: set[int], now: float) -> list[tuple[AttemptRow, 
         if token:
             by_token.setdefault(token, set()).add(pid)
     found = [(a, frozenset(by_token[a.token])) for a in store.attempts_by_token(by_token)] if by_token else []
-    if gone := pids.difference(*by_token.values()):
+    if gone := {pid for pid in pids.difference(*by_token.values()) if proc.started_at(pid) is None}:
         found += store.exited_gpu_pids(gone, since=now - memory.RELEASE_S)
     return found
 

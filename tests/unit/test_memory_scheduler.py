@@ -558,6 +558,27 @@ def test_a_jobs_exited_process_is_ours_before_its_attempt_is_reaped(tmp_path: Pa
     assert att.usage[box.attempt("E1/0-qnli").id].used_mib == 12 * GIB
 
 
+def test_status_does_not_take_a_live_process_for_ours_by_a_reused_pid(tmp_path: Path) -> None:
+    # a running job's process the daemon saw on its card exits; hours later someone else's
+    # process gets the same pid and opens the same card. It carries no token: it is not ours.
+    box = Box(tmp_path, GpuPlan(gpus=(0,), slots=(1,)), cards="1x24GiB")
+    box.submit(make_suite(tmp_path, 1))
+    box.tick()
+    with subprocess.Popen(["sleep", "60"], env={"PATH": os.environ.get("PATH", "")}) as other:
+        try:
+            token = box.run_on("E1/0-qnli", 0, {other.pid: 8, 102: 4})  # (as if the pid were ours then)
+            box.tick()
+            box.trees[token] = frozenset({99, 102})  # now the pid is someone else's live process
+            gpu = box.status()["gpus"][0]
+            assert gpu["processes"] == [
+                {"pid": other.pid, "used_mib": 8 * GIB, "ours": False, "job": None},
+                {"pid": 102, "used_mib": 4 * GIB, "ours": True, "job": "E1/0-qnli"},
+            ]
+            assert gpu["outside_mib"] == 8 * GIB
+        finally:
+            other.kill()
+
+
 def test_a_restarted_daemon_still_counts_an_ended_jobs_releasing_memory_as_ours(tmp_path: Path) -> None:
     gone = 2**22 + 1  # above any pid_max: an exited process the driver still lists
     box = Box(tmp_path, GpuPlan(gpus=(0,), slots=(1,)), cards="1x24GiB")
