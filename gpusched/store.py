@@ -864,7 +864,8 @@ class Store:
         """The attempts still running, or ended at ``since`` or later, that had one of ``pids``
         on their card, each with those of ``pids`` it had: a process that exited stays listed by
         the driver while its memory is released, from before its attempt is reaped to after.
-        Recent ones only: a pid is reused in time."""
+        Ended ones only when recent: a pid is reused in time (a running attempt's too, over
+        hours, which is why `status` asks only for processes that have exited)."""
         seen: dict[int, set[int]] = {}  # attempt id -> its pids among ``pids`` (a card's few)
         q = (
             "SELECT g.attempt_id, g.pid FROM gpu_pids g JOIN attempts a ON a.id = g.attempt_id"
