@@ -50,7 +50,8 @@ class Sandbox:
         """The CLI's environment: this one, pointed at the sandbox, and with bytecode caching
         on (in a cache of its own, not in the checkout), as for an installed gpusched: with
         PYTHONDONTWRITEBYTECODE every command would compile the package first."""
-        env = {k: v for k, v in bytecode_env().items() if k not in ("TMUX", "GPUSCHED_FAKE_GPUS")}
+        dropped = ("TMUX", "GPUSCHED_FAKE_GPUS", "GPUSCHED_TMUX_PANES")
+        env = {k: v for k, v in bytecode_env().items() if k not in dropped}
         return {**env, "GPUSCHED_HOME": str(self.home), **extra}
 
     def cli(

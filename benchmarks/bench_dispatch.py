@@ -39,11 +39,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import Sandbox, Span, Took, daemon_pid, machine, median, sandbox, table
 
 
-def gpusched(backend: str) -> Callable[[int, int], Took]:
+def gpusched(backend: str, **extra: str) -> Callable[[int, int], Took]:
     def run(n: int, slots: int) -> Took:
         with sandbox() as sb:
             sb.write_plan("noop", n)
-            env = sb.env(GPUSCHED_FAKE_GPUS=f"{slots}x24GiB")
+            env = sb.env(GPUSCHED_FAKE_GPUS=f"{slots}x24GiB", **extra)
             span = Span()
             plan = ",".join("1" * slots)
             sb.cli("submit", "--suite", "noop", "--gpu-plan", plan, "--backend", backend, env=env)
@@ -59,11 +59,12 @@ def gpusched(backend: str) -> Callable[[int, int], Took]:
 
 def _cpu(sb: Sandbox, n: int, backend: str) -> str:
     """The CPU a job of the daemon and of what ran the jobs, from the kernel's count for each
-    process (psutil's ``cpu_times``: its own user and system time, and its reaped children's).
-    Plain processes: the wrappers are the runner's children (the daemon's own where no runner
-    started them), so the runner's own time and its children's are given. tmux: the panes are
-    the tmux server's, so its own time and its children's are given. Read once every job is
-    done: the daemon's start and first imports are in its figure."""
+        process (psutil's ``cpu_times``: its own user and system time, and its reaped children's).
+        Plain processes: the wrappers are the runner's children (the daemon's own where no runner
+        started them), so the runner's own time and its children's are given. tmux: the panes are
+        the tmux server's, so its own time and its children's are given (with reused panes, the loops
+    still running and their reaped wrappers' too). Read once every job is
+        done: the daemon's start and first imports are in its figure."""
     import psutil
 
     def times(pid: int) -> tuple[float, float]:
@@ -83,6 +84,8 @@ def _cpu(sb: Sandbox, n: int, backend: str) -> str:
         sock = str(sb.home / "tmux.sock")
         pid = subprocess.run(["tmux", "-S", sock, "display", "-p", "#{pid}"], capture_output=True, text=True)
         server, panes = times(int(pid.stdout))
+        for loop in psutil.Process(int(pid.stdout)).children():  # reused panes' loops still run
+            panes += sum(times(loop.pid))
         return f"CPU a job: daemon {ms(own)}, tmux server {ms(server)}, its panes {ms(panes)}"
     except (OSError, ValueError, KeyError, psutil.Error):
         return "CPU not read"
@@ -267,6 +270,10 @@ def simple_gpu_scheduler(n: int, slots: int) -> Took:
 TOOLS: dict[str, tuple[Callable[[int, int], Took], Callable[[], bool]]] = {
     "gpusched (subprocess)": (gpusched("subprocess"), lambda: True),
     "gpusched (tmux)": (gpusched("tmux"), lambda: bool(shutil.which("tmux"))),
+    "gpusched (tmux, reused panes)": (
+        gpusched("tmux", GPUSCHED_TMUX_PANES="reuse"),
+        lambda: bool(shutil.which("tmux")),
+    ),
     "floor: gpusched's files + wrapper, no scheduler (subprocess)": (floor("subprocess"), lambda: True),
     "floor: gpusched's files + wrapper, no scheduler (tmux)": (
         floor("tmux"),

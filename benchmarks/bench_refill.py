@@ -1,7 +1,8 @@
 """Slot refill latency: from a job's end to the start of the next job on the same slot, as the
 jobs themselves see it (each records the clock as its first and last act), p50 / p99 / max.
 
-    python benchmarks/bench_refill.py [--jobs 500] [--slots 16] [--sleep 0.5-1.4] [--backend subprocess,tmux]
+    python benchmarks/bench_refill.py [--jobs 500] [--slots 16] [--sleep 0.5-1.4]
+                                      [--backend subprocess,tmux,tmux-reuse]
 
 Each backend gets its own private home and daemon: ``--slots`` fake GPUs with one slot each,
 jobs that sleep 0.5-1.4 s (ten durations, so that ends do not all coincide; about 17 ends a
@@ -55,8 +56,11 @@ def run(backend: str, n: int, slots: int, durations: list[float]) -> list[float]
     with sandbox() as sb:
         sb.write_plan("refill", n, command=COMMAND, sleeps=durations)
         env = sb.env(GPUSCHED_FAKE_GPUS=f"{slots}x24GiB")
+        if backend == "tmux-reuse":  # tmux, its panes reused (GPUSCHED_TMUX_PANES=reuse)
+            env["GPUSCHED_TMUX_PANES"] = "reuse"
         plan = ",".join("1" * slots)
-        sb.cli("submit", "--suite", "refill", "--gpu-plan", plan, "--backend", backend, env=env)
+        how = backend.removesuffix("-reuse")
+        sb.cli("submit", "--suite", "refill", "--gpu-plan", plan, "--backend", how, env=env)
         sb.wait_all_done(n, poll_s=0.05)
         bad = {k: v for k, v in sb.counts().items() if k != "succeeded"}
         if bad:
@@ -75,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     n = args.jobs - args.jobs % len(durations)
     rows = []
     for backend in args.backend.split(","):
-        if backend == "tmux" and not shutil.which("tmux"):
+        if backend.startswith("tmux") and not shutil.which("tmux"):
             rows.append([backend, "tmux not installed", "", "", "", ""])
             continue
         g = [x * 1000 for x in run(backend, n, args.slots, durations)]

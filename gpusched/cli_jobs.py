@@ -56,8 +56,8 @@ def cmd_attach(args: argparse.Namespace) -> int:
     tmux = TmuxExecutor(_home())
     if not tmux.shows(a.handle):
         raise UsageError(
-            f"{job.id}'s pane is no longer on gpusched's tmux server (the newest {KEEP_WINDOWS} "
-            f"windows of ended jobs are kept): use `gpusched logs {job.id}`"
+            f"{job.id}'s pane is no longer on gpusched's tmux server, or runs a later job now (the "
+            f"newest {KEEP_WINDOWS} windows of ended jobs are kept): use `gpusched logs {job.id}`"
         )
     if not sys.stdin.isatty():  # tmux would say only "open terminal failed: not a terminal"
         raise UsageError(

@@ -486,12 +486,14 @@ def check_env() -> None:
     from gpusched import disk, memory, memwatch
     from gpusched.errors import UsageError
     from gpusched.executors import subprocess as plain
+    from gpusched.executors import tmux_reuse
 
     settings = (
         (memwatch.HOST_MIN_ENV, memory.parse_host_min, "like 4GiB, 10%, 4GiB,10% or 0 (off)"),
         (disk.DISK_MIN_ENV, disk.parse_disk_min, "like 1GiB, 5%, 1GiB,5% or 0 (off)"),
         (CANCEL_GRACE_ENV, _parse_grace, "a number of seconds >= 0"),
         (plain.RUNNER_ENV, plain.parse_runner, "1 or 0 (0: each plain process's wrapper started on its own)"),
+        (tmux_reuse.PANES_ENV, tmux_reuse.parse_panes, "reuse or job (job: a tmux window for each job)"),
     )
     for name, parse, expected in settings:
         raw = os.environ.get(name, "").strip()

@@ -870,15 +870,15 @@ class Scheduler:
             except Exception as e:  # a launch that fails must not wedge the job in "running"
                 started.append((b, e))
                 continue
-            if hasattr(ex, "launch_many"):  # (tmux: one round trip to its server for them all)
-                ready.setdefault(b.suite_row.backend, []).append(b)
-            elif hasattr(ex, "begin"):  # started at once, its handle asked for once all are
+            if hasattr(ex, "begin"):  # started at once, its handle asked for once all are
                 try:
                     ex.begin(b.request)
                 except Exception as e:
                     started.append((b, e))
                     continue
                 owed.setdefault(b.suite_row.backend, []).append(b)
+            elif hasattr(ex, "launch_many"):  # (tmux: one round trip to its server for them all)
+                ready.setdefault(b.suite_row.backend, []).append(b)
             else:  # started at once: its wrapper runs on another core while the next one's files are written
                 (handle,) = launch_each(ex, [b.request])
                 started.append((b, handle))

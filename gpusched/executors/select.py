@@ -39,6 +39,12 @@ def check_backend(name: str) -> str:
 
 def make_executor(name: str, home: Home) -> Executor:
     if name == "tmux":
+        import os
+
+        from gpusched.executors.tmux_reuse import TmuxReuseExecutor, reuse_wanted
+
+        if reuse_wanted(os.environ):
+            return TmuxReuseExecutor(home)
         from gpusched.executors.tmux import TmuxExecutor
 
         return TmuxExecutor(home)

@@ -335,11 +335,11 @@ def _runner_wanted(environ: Mapping[str, str]) -> bool:
         return True
 
 
-def runner_line(req: LaunchRequest, env: Mapping[str, str]) -> bytes | None:
+def runner_line(req: LaunchRequest, env: Mapping[str, str], mode: str = "file") -> bytes | None:
     """The runner's line for ``req``: ``export NAME='value' ...; set -- 'DIR' file``, the
     variables of ``env`` the runner's own environment lacks (all but GPUSCHED_HOME). None
     when a name is not a shell variable's or a value spans lines: such a request's wrapper
-    is started on its own."""
+    is started on its own. ``mode``: the wrapper's (a reused tmux pane's loop asks "tee")."""
     words = []
     for name, value in env.items():
         if name == "GPUSCHED_HOME":
@@ -350,7 +350,7 @@ def runner_line(req: LaunchRequest, env: Mapping[str, str]) -> bytes | None:
     where = os.fspath(req.attempt_dir)
     if "\n" in where:
         return None
-    return f"export {' '.join(words)}; set -- {shlex.quote(where)} file\n".encode(errors="surrogateescape")
+    return f"export {' '.join(words)}; set -- {shlex.quote(where)} {mode}\n".encode(errors="surrogateescape")
 
 
 def wrapper_argv(req: LaunchRequest) -> list[str]:

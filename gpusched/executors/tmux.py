@@ -90,6 +90,8 @@ _ROW = _SEP.join(
         "#{session_id}",
         "#{pane_pid}",
         "#{pane_dead}",
+        "#{@gpusched_fifo}",
+        "#{@gpusched_pid}",
         "#{session_name}",
         "#{window_name}",  # last: a window name may hold anything
     ]
@@ -127,17 +129,27 @@ def pane_env(req: LaunchRequest) -> dict[str, str]:
     return {"GPUSCHED_JOB_ID": req.job_id, **req.env, TOKEN_ENV: req.token}
 
 
-def window_args(req: LaunchRequest) -> list[str]:
+def window_args(req: LaunchRequest, command: Sequence[str] | None = None) -> list[str]:
     """Arguments shared by new-window and new-session: name, cwd, env, print the ids, and
-    the wrapper as a multi-word command (exec'd directly, no shell in between)."""
+    the wrapper as a multi-word command (exec'd directly, no shell in between). ``command``
+    instead of the wrapper: a reused pane's loop, which gets each job's variables from the
+    job's line, not from the pane's environment."""
     args = ["-n", req.job_name, "-c", str(req.workdir)]
-    for key, value in pane_env(req).items():
-        args += ["-e", f"{key}={value}"]
-    return [*args, "-P", "-F", _IDS, "--", "sh", str(WRAPPER), str(req.attempt_dir), "tee"]
+    if command is None:
+        for key, value in pane_env(req).items():
+            args += ["-e", f"{key}={value}"]
+        command = ["sh", str(WRAPPER), str(req.attempt_dir), "tee"]
+    return [*args, "-P", "-F", _IDS, "--", *command]
 
 
 def launch_argv(
-    req: LaunchRequest, *, new_session: bool, replaces: str | None = None, closes: Sequence[str] = ()
+    req: LaunchRequest,
+    *,
+    new_session: bool,
+    replaces: str | None = None,
+    closes: Sequence[str] = (),
+    command: Sequence[str] | None = None,
+    fifo: str | None = None,
 ) -> list[str]:
     """The tmux arguments (after ``-S SOCKET``) that start ``req``'s wrapper in one exec.
 
@@ -145,17 +157,20 @@ def launch_argv(
     session's last window (``-a``), so ``{end}`` names it in the commands that follow. Its
     pane is tagged with ``@gpusched_token`` and ``@gpusched_job``; ``replaces`` (the job's
     previous window, if any), then ``closes`` (old windows of ended attempts) are closed
-    last, so the session never empties on the way.
+    last, so the session never empties on the way. ``command`` and ``fifo``: a reused pane's
+    loop instead of the wrapper, and its FIFO, kept in ``@gpusched_fifo``
+    (:mod:`gpusched.executors.tmux_reuse`).
     """
     sess = session_name(req.suite)
     end = f"={sess}:{{end}}"
     if new_session:
-        create = [["new-session", "-d", "-s", sess, *window_args(req)]]
+        create = [["new-session", "-d", "-s", sess, *window_args(req, command)]]
         # a bare "=NAME" is not a session target for set-option; "=NAME:" is
         create.append(["set-option", "-t", f"={sess}:", "@gpusched_suite", req.suite])
     else:
-        create = [["new-window", "-d", "-a", "-t", end, *window_args(req)]]
-    tag = [
+        create = [["new-window", "-d", "-a", "-t", end, *window_args(req, command)]]
+    tag = [["set-option", "-p", "-t", end, "@gpusched_fifo", fifo]] if fifo else []
+    tag += [
         ["set-option", "-p", "-t", end, "@gpusched_token", req.token],
         ["set-option", "-p", "-t", end, "@gpusched_job", req.job_id],
     ]
@@ -169,7 +184,9 @@ def attach_args(handle: Handle) -> list[str]:
 
 
 class PaneRow(Struct, frozen=True):
-    """One line of ``list-panes -a -F _ROW``."""
+    """One line of ``list-panes -a -F _ROW``. ``fifo``: set on a reused pane (its process is
+    the pane loop, not a wrapper; see :class:`TmuxReuseExecutor`), ``wrapper``: the pid of
+    the wrapper it last started, once known."""
 
     token: str
     pane: str
@@ -177,18 +194,33 @@ class PaneRow(Struct, frozen=True):
     session: str
     pid: int
     dead: bool
+    fifo: str
+    wrapper: int | None
     session_name: str
     window_name: str
 
     @classmethod
     def parse(cls, line: str) -> PaneRow | None:
-        parts = line.split(_SEP, 7)
-        if len(parts) != 8 or not parts[4].isdigit():
+        parts = line.split(_SEP, 9)
+        if len(parts) != 10 or not parts[4].isdigit():
             return None
-        token, pane, window, session, pid, dead, sname, wname = parts
-        return cls(token, pane, window, session, int(pid), dead == "1", sname, wname)
+        token, pane, window, session, pid, dead, fifo, wrapper, sname, wname = parts
+        wpid = int(wrapper) if wrapper.isdigit() else None
+        return cls(token, pane, window, session, int(pid), dead == "1", fifo, wpid, sname, wname)
 
     def handle(self) -> Handle:
+        if self.fifo:  # a reused pane: the attempt's process is the wrapper its loop started
+            started = proc.started_at(self.wrapper) if self.wrapper else None
+            return {
+                "pane": self.pane,
+                "window": self.window,
+                "session": self.session,
+                "pid": self.wrapper,
+                "pid_started_at": started,
+                "token": self.token,
+                # not known, or ended: a restarted daemon goes by the attempt's pid file
+                "dead": started is None,
+            }
         started = None if self.dead else proc.started_at(self.pid)
         return {
             "pane": self.pane,
@@ -420,10 +452,13 @@ class TmuxExecutor:
         return [self._bin, "-S", self.socket, *attach_args(handle)]
 
     def shows(self, handle: Handle) -> bool:
-        """True while the attempt's pane is on the server (not closed as one of the ended
-        windows beyond :data:`KEEP_WINDOWS`, nor gone with its server)."""
-        r = self._tmux(["display-message", "-p", "-t", handle["pane"], "#{pane_id}"], check=False)
-        return r.returncode == 0 and r.stdout.strip() == handle["pane"]
+        """True while the attempt's pane is on the server and shows this attempt (not closed
+        as one of the ended windows beyond :data:`KEEP_WINDOWS`, nor gone with its server, nor
+        a reused pane that runs a later job now)."""
+        fmt = _SEP.join(["#{pane_id}", "#{@gpusched_token}"])
+        r = self._tmux(["display-message", "-p", "-t", handle["pane"], fmt], check=False)
+        pane, _, token = r.stdout.strip("\n").partition(_SEP)
+        return r.returncode == 0 and pane == handle["pane"] and token == handle.get("token", token)
 
     def capture(self, handle: Handle, *, lines: int = 20) -> str:
         """The pane's last ``lines`` non-blank lines, scrollback included and wrapped lines
@@ -492,11 +527,11 @@ class TmuxExecutor:
                 raise CommandFailed([self._bin, "list-panes", "-a"], r.returncode, r.stderr)
             rows = [row for line in r.stdout.splitlines() if (row := PaneRow.parse(line))]
         self._sessions = {row.session_name for row in rows}
-        self._windows = {(row.session_name, row.window_name): row.window for row in rows if row.token}
+        ours = [row for row in rows if row.token and not row.fifo]  # (reused panes: see the subclass)
+        self._windows = {(row.session_name, row.window_name): row.window for row in ours}
         self._launched = {  # in the server's order, which is creation order within a session
             row.window: ((row.session_name, row.window_name), 0 if row.dead else row.pid, None)
-            for row in rows
-            if row.token
+            for row in ours
         }
         self._known = True
         return rows

@@ -38,6 +38,7 @@ from gpusched.executors.tmux import (
     session_name,
 )
 from gpusched.executors.tmux_control import ControlClient
+from gpusched.executors.tmux_reuse import TmuxReuseExecutor
 from gpusched.home import Home
 from tests.helpers import retry_until
 
@@ -45,7 +46,13 @@ HAVE_TMUX = shutil.which("tmux") is not None
 needs_tmux = pytest.mark.skipif(not HAVE_TMUX, reason="tmux is not installed")
 # "subprocess" starts each wrapper through its runner, "subprocess-spawn" on its own (the
 # path taken where no runner can be had, and by GPUSCHED_RUNNER=0)
-BACKENDS = ["subprocess", "subprocess-spawn", pytest.param("tmux", marks=needs_tmux)]
+# "tmux-reuse": panes that run one job after another (GPUSCHED_TMUX_PANES=reuse)
+BACKENDS = [
+    "subprocess",
+    "subprocess-spawn",
+    pytest.param("tmux", marks=needs_tmux),
+    pytest.param("tmux-reuse", marks=needs_tmux),
+]
 
 # Job scripts (the attempt's launch.sh); @DIR@ becomes the attempt directory.
 EXIT3 = "echo hi\nexit 3\n"
@@ -130,6 +137,8 @@ class Bench:
 def _make(kind: str, home: Home) -> Callable[[], Executor]:
     if kind == "tmux":
         return lambda: TmuxExecutor(home)
+    if kind == "tmux-reuse":
+        return lambda: TmuxReuseExecutor(home)
     return lambda: SubprocessExecutor(home, runner=kind == "subprocess")
 
 
@@ -143,7 +152,7 @@ def bench(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     yield b
     for h in b.handles:
         b.ex.terminate(h, force=True)
-    if request.param == "tmux":
+    if request.param.startswith("tmux"):
         proc.run(["tmux", "-S", str(home.tmux_socket), "kill-server"], check=False)
 
 
@@ -826,3 +835,156 @@ def test_the_control_client_passes_every_argument_literally(tmux_bench: Bench) -
     assert odd in names
     r = b.tx._control.run(["display-message", "-p", "-t", "=s1", "x", ";", "kill-window", "-t", "@99999"])
     assert r is not None and r.returncode == 1 and r.stdout == "x\n" and "@99999" in r.stderr
+
+
+# ====================================================================== reused panes
+# GPUSCHED_TMUX_PANES=reuse: a pane runs one job after another (gpusched/pane.sh); the shared
+# contract above runs against it too ("tmux-reuse").
+
+
+@pytest.fixture
+def reuse_bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
+    if not HAVE_TMUX:
+        pytest.skip("tmux is not installed")
+    root = tmp_path_factory.mktemp("rx")
+    home = Home(root / "home")
+    make = _make("tmux-reuse", home)
+    b = Bench(kind="tmux-reuse", home=home, root=root, make=make, ex=make())
+    yield b
+    for h in b.handles:
+        b.ex.terminate(h, force=True)
+    proc.run(["tmux", "-S", str(home.tmux_socket), "kill-server"], check=False)
+
+
+def ended(b: Bench, h: Handle, paths: AttemptPaths) -> dict[str, object]:
+    """exit.json, once the attempt's processes are all gone too (as the daemon reaps it)."""
+    rec = exited(paths)
+    retry_until(lambda: not b.ex.alive(h))
+    return rec
+
+
+def windows(b: Bench) -> list[str]:
+    return b.tmux("list-windows", "-a", "-F", "#{window_id} #{window_name}").splitlines()
+
+
+def test_a_reused_pane_runs_the_next_job_under_its_name_and_no_window_opens(reuse_bench: Bench) -> None:
+    b = reuse_bench
+    h1, p1, _ = b.launch(EXIT3, job_name="first")
+    assert ended(b, h1, p1)["exit_code"] == 3
+    h2, p2, r2 = b.launch("echo second\n", job_name="second")
+    assert (h2["pane"], h2["window"]) == (h1["pane"], h1["window"])
+    assert h2["pid"] != h1["pid"] and os.getpgid(h2["pid"]) == h2["pid"]  # its own group
+    assert ended(b, h2, p2)["exit_code"] == 0
+    assert windows(b) == [f"{h1['window']} second"]
+    assert p2.output.read_text() == "second\n" and p1.output.read_text() == "hi\n"
+    # the pane shows the second job, tagged with its token: `gpusched attach` on the first says so
+    assert b.ex.shows(h2) and not b.ex.shows(h1)
+    assert b.ex.discover()[r2.token]["pane"] == h1["pane"]
+    retry_until(lambda: f"[gpusched] {r2.job_id} exited: code=0" in b.tx.capture(h2))
+
+
+def test_a_busy_pane_is_not_reused_and_each_job_gets_its_suites_pane(reuse_bench: Bench) -> None:
+    b = reuse_bench
+    busy, bp, _ = b.launch(GATED, job_name="busy")
+    retry_until((bp.dir / "started").exists)
+    other, op, _ = b.launch(EXIT3, job_name="other")
+    assert other["pane"] != busy["pane"]
+    ended(b, other, op)
+    elsewhere, ep, _ = b.launch(EXIT3, suite="s2", job_name="elsewhere")
+    assert elsewhere["pane"] not in (busy["pane"], other["pane"])  # another suite, another session
+    ended(b, elsewhere, ep)
+    again, ap, _ = b.launch(EXIT3, job_name="again")
+    assert again["pane"] == other["pane"]
+    ended(b, again, ap)
+    (bp.dir / "gate").touch()
+    assert ended(b, busy, bp)["exit_code"] == 0
+    assert len(windows(b)) == 3
+
+
+def test_a_ctrl_c_in_a_reused_pane_stops_its_job_and_the_pane_runs_the_next(reuse_bench: Bench) -> None:
+    """The job is the pane's foreground group: a Ctrl-C reaches it, not the pane's loop."""
+    b = reuse_bench
+    h, paths, _ = b.launch(GATED, job_name="stopped")
+    retry_until((paths.dir / "started").exists)
+    b.tmux("send-keys", "-t", h["pane"], "C-c")
+    assert ended(b, h, paths)["exit_code"] == 130
+    h2, p2, _ = b.launch(EXIT3, job_name="next")
+    assert h2["pane"] == h["pane"] and ended(b, h2, p2)["exit_code"] == 3
+
+
+def test_a_restarted_daemon_finds_the_running_job_and_launches_into_the_old_panes(reuse_bench: Bench) -> None:
+    b = reuse_bench
+    h, paths, req = b.launch(GATED, job_name="long")
+    retry_until((paths.dir / "started").exists)
+    h0, p0, _ = b.launch(EXIT3, job_name="short")
+    ended(b, h0, p0)
+    b.ex = b.make()  # the daemon restarted
+    found = b.ex.discover()[req.token]
+    assert (found["pid"], found["pane"], found["dead"]) == (h["pid"], h["pane"], False)
+    assert b.ex.alive(found)
+    h1, p1, _ = b.launch(EXIT3, job_name="after")
+    assert h1["pane"] == h0["pane"]  # the idle one, not the busy one, not a new one
+    assert ended(b, h1, p1)["exit_code"] == 3
+    (paths.dir / "gate").touch()
+    assert ended(b, h, paths)["exit_code"] == 0
+
+
+def test_a_closed_pane_is_not_written_to(reuse_bench: Bench) -> None:
+    """A user who closes an idle pane: the next launch opens a new one at once (a line written
+    to a FIFO nobody reads would leave the launch unanswered for seconds)."""
+    b = reuse_bench
+    busy, bp, _ = b.launch(GATED, job_name="busy")  # (keeps the session and the server)
+    h, paths, _ = b.launch(EXIT3, job_name="first")
+    ended(b, h, paths)
+    loop = int(b.tmux("display-message", "-p", "-t", h["pane"], "#{pane_pid}"))
+    b.tmux("kill-pane", "-t", h["pane"])
+    retry_until(lambda: not running(loop))
+    h2, p2, _ = b.launch(EXIT3, job_name="second")
+    assert h2["pane"] not in (h["pane"], busy["pane"]) and ended(b, h2, p2)["exit_code"] == 3
+    (bp.dir / "gate").touch()
+
+
+def test_idle_panes_beyond_keep_windows_are_closed(
+    reuse_bench: Bench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpusched.executors import tmux_reuse
+
+    monkeypatch.setattr(tmux_reuse, "KEEP_WINDOWS", 2)
+    b = reuse_bench
+    a, ap, _ = b.launch(GATED, job_name="a")
+    c, cp, _ = b.launch(EXIT3, job_name="c")
+    ended(b, c, cp)
+    d, dp, _ = b.launch(EXIT3, suite="s2", job_name="d")  # a third pane: the idle one goes
+    ended(b, d, dp)
+    shown = [w.split()[0] for w in windows(b)]
+    assert shown == [a["window"], d["window"]]
+    (ap.dir / "gate").touch()
+    ended(b, a, ap)
+    b.ex.discover()
+    fifos = [f for f in os.listdir(b.home.root / "panes") if f.endswith(".fifo")]
+    assert len(fifos) == 2  # the closed pane's went
+
+
+def test_a_request_that_cannot_be_one_line_gets_a_window_of_its_own(reuse_bench: Bench) -> None:
+    b = reuse_bench
+    h1, p1, _ = b.launch(EXIT3, job_name="plain")
+    ended(b, h1, p1)
+    h2, p2, _ = b.launch('printf "%s" "$TWO_LINES"\n', job_name="two", env={"TWO_LINES": "a\nb"})
+    assert h2["pane"] != h1["pane"] and os.getsid(h2["pid"]) == h2["pid"]  # the wrapper leads the pane
+    assert ended(b, h2, p2)["exit_code"] == 0 and p2.output.read_text() == "a\nb"
+    h3, p3, _ = b.launch(EXIT3, job_name="third")
+    assert h3["pane"] == h1["pane"]
+    ended(b, h3, p3)
+
+
+def test_the_panes_setting_is_read_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from gpusched.executors import tmux_reuse
+    from gpusched.executors.select import make_executor
+
+    for raw, reuse in (("reuse", True), (" Reuse ", True), ("job", False), ("", False)):
+        monkeypatch.setenv(tmux_reuse.PANES_ENV, raw)
+        assert isinstance(make_executor("tmux", Home(tmp_path)), TmuxReuseExecutor) is reuse
+    with pytest.raises(ValueError):
+        tmux_reuse.parse_panes("fast")

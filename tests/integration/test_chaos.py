@@ -34,6 +34,7 @@ def _soak():  # type: ignore[no-untyped-def]
     [
         "subprocess",
         pytest.param("tmux", marks=pytest.mark.skipif(not shutil.which("tmux"), reason="no tmux")),
+        pytest.param("tmux-reuse", marks=pytest.mark.skipif(not shutil.which("tmux"), reason="no tmux")),
     ],
 )
 def test_every_job_ends_exactly_once_while_the_daemon_is_killed(tmp_path: Path, backend: str) -> None:
@@ -45,7 +46,7 @@ def test_every_job_ends_exactly_once_while_the_daemon_is_killed(tmp_path: Path, 
         subprocess.run(
             [sys.executable, "-m", "gpusched", "daemon", "stop"], env=chaos.env, capture_output=True
         )
-        if backend == "tmux":
+        if backend.startswith("tmux"):
             subprocess.run(["tmux", "-S", str(chaos.home / "tmux.sock"), "kill-server"], capture_output=True)
     print(rep.text())
     assert rep.kills == 10 and rep.restarts == 10

@@ -64,12 +64,14 @@ def by_id(doc: dict) -> dict:  # type: ignore[type-arg]
     return {j["id"]: j for j in doc["jobs"]}
 
 
-@pytest.mark.parametrize("backend", ["tmux", "subprocess"])
+@pytest.mark.parametrize("backend", ["tmux", "tmux-reuse", "subprocess"])
 def test_submit_wait_status_logs(gs_home: Path, project: Path, backend: str) -> None:
-    if backend == "tmux" and not shutil.which("tmux"):
+    if backend.startswith("tmux") and not shutil.which("tmux"):
         pytest.skip("tmux not installed")
     write_plan(project, "t", PLAN)
-    r = run_cli("submit", "--suite", "t", "--gpu-plan", "2,1", "--backend", backend, cwd=project, env=FAKE)
+    env = {**FAKE, "GPUSCHED_TMUX_PANES": "reuse"} if backend == "tmux-reuse" else FAKE
+    backend = backend.removesuffix("-reuse")
+    r = run_cli("submit", "--suite", "t", "--gpu-plan", "2,1", "--backend", backend, cwd=project, env=env)
     assert r.returncode == 0, r.stderr
     assert "queued 6 jobs" in r.stdout
     w = run_cli("wait", "--suite", "t", "--timeout", "120", "--quiet", cwd=project)
@@ -92,6 +94,10 @@ def test_submit_wait_status_logs(gs_home: Path, project: Path, backend: str) -> 
     assert logs.returncode == 0 and "CUDA out of memory" in logs.stdout + logs.stderr
     done = run_cli("logs", "1-sst2", cwd=project)  # a bare name works when unambiguous
     assert "done: steps=6" in done.stdout
+    if env is not FAKE:  # 8 attempts, 3 at a time: no more windows than that were opened
+        sock = str(Home(gs_home).tmux_socket)
+        shown = subprocess.run(["tmux", "-S", sock, "list-windows", "-a"], capture_output=True, text=True)
+        assert 1 <= len(shown.stdout.splitlines()) <= 3
 
 
 def test_a_suite_run_again_after_its_state_directory_was_deleted_runs_anew_beside_the_old_logs(

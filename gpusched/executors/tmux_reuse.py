@@ -1,0 +1,401 @@
+"""Attempts in reused tmux panes: ``GPUSCHED_TMUX_PANES=reuse`` in the daemon's environment.
+
+The tmux executor opens a window per attempt, and every pane costs the tmux server a fork, a
+pseudo-terminal and a utmp record (tmux waits for the setgid utempter helper it forks), about
+3 ms a job on a 2-core VM and serial in the server: a night of a thousand short jobs spends
+seconds there. Here a pane runs one job after another. Its process is a loop
+(gpusched/pane.sh) that reads a line per attempt from a FIFO of its own and starts the same
+wrapper, in "tee" mode, in a process group of its own brought to the foreground; it answers
+the wrapper's pid on one FIFO shared by all panes (:attr:`answers`). A launch into an idle
+pane is a write to its FIFO; the window is renamed after the job and the pane's tags are
+updated in one control-client line per tick. A new pane opens only where none of the
+suite's is idle, so a night opens about as many windows as it runs jobs at once.
+
+What a user sees: a window per running job, named after it, as before; a job that has ended
+stays on its pane's screen until the pane's next job starts (its output stays in its
+output.log, and ``gpusched attach`` on it says so). Cancels, Ctrl-C in the pane and a closed
+pane reach the job's process group, as in a window of its own.
+
+Handles are the tmux executor's, with the wrapper's pid (not the pane's process): ``alive``
+and ``terminate`` need no tmux call. A restarted daemon finds the panes again by their
+``@gpusched_fifo`` option and the wrapper each last started by ``@gpusched_pid``, and keeps
+launching into them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from gpusched import proc
+from gpusched.attempt import AttemptPaths
+from gpusched.errors import CommandFailed
+from gpusched.executors import TOKEN_ENV, WRAPPER, Handle, LaunchRequest, LaunchUncertain
+from gpusched.executors.subprocess import runner_line
+from gpusched.executors.tmux import (
+    KEEP_WINDOWS,
+    PaneRow,
+    TmuxExecutor,
+    chain,
+    launch_argv,
+    parse_ids,
+    session_name,
+)
+from gpusched.home import Home
+
+log = logging.getLogger(__name__)
+
+PANE_LOOP = WRAPPER.parent / "pane.sh"
+
+#: ``GPUSCHED_TMUX_PANES=reuse`` in the daemon's environment: tmux panes run one job after
+#: another; ``job`` (the default): a window of its own for each attempt.
+PANES_ENV = "GPUSCHED_TMUX_PANES"
+
+#: How long a pane's loop may take to answer a launch with its wrapper's pid.
+ANSWER_S = 5.0
+#: While it waits, how often it looks whether the panes' loops still run.
+LOOK_S = 0.05
+
+
+def parse_panes(raw: str) -> bool:
+    """A value of :data:`PANES_ENV`: True for ``reuse``, False for ``job``; else ValueError."""
+    word = raw.strip().lower()
+    if word in ("reuse", "job"):
+        return word == "reuse"
+    raise ValueError(raw)
+
+
+def reuse_wanted(environ: Mapping[str, str]) -> bool:
+    raw = environ.get(PANES_ENV, "").strip()
+    try:
+        return parse_panes(raw) if raw else False
+    except ValueError:  # (submit and `daemon start` refuse it first)
+        log.warning("%s=%r is not reuse or job; a window for each job", PANES_ENV, raw)
+        return False
+
+
+def pane_line(req: LaunchRequest) -> bytes | None:
+    """The line a pane's loop reads for ``req``: its token, then ``export NAME='value' ...;
+    set -- 'DIR' tee`` (the variables a window of its own gets with ``-e``). None when the
+    request cannot be written on one line: it gets a window of its own."""
+    if not req.token or any(c.isspace() for c in req.token):
+        return None
+    line = runner_line(req, {"GPUSCHED_JOB_ID": req.job_id, **req.env, TOKEN_ENV: req.token}, "tee")
+    return None if line is None else req.token.encode() + b" " + line
+
+
+def parse_answers(buf: bytes) -> tuple[dict[str, int], bytes]:
+    """``TOKEN PID`` lines -> {token: pid}, and what is left after the last whole line."""
+    *lines, rest = buf.split(b"\n")
+    out: dict[str, int] = {}
+    for raw in lines:
+        tok, _, pid = raw.decode(errors="replace").partition(" ")
+        if pid.strip().isdigit():
+            out[tok] = int(pid)
+    return out, rest
+
+
+@dataclass
+class Pane:
+    """A reused pane this executor writes to."""
+
+    pane: str  # "%3"
+    window: str  # "@2"
+    session: str  # "$1"
+    sess: str  # the session's name (the suite's, see session_name)
+    fifo: str
+    fd: int  # the FIFO, opened read-write: a write never blocks and is kept until the loop reads
+    loop: int  # the pane's process
+    loop_started: float | None
+    token: str | None = None  # the attempt it was last given
+    wrapper: int | None = None  # that attempt's wrapper, once the loop answered
+    wrapper_started: float | None = None
+
+    def idle(self) -> bool:
+        """Its loop waits for a line: the last attempt given to it has answered and ended."""
+        if self.token is not None and self.wrapper is None:
+            return False  # given a line, not answered: not known to be free
+        return not proc.group_alive(self.wrapper, self.wrapper_started)
+
+    def lives(self) -> bool:
+        return proc.is_alive(self.loop, self.loop_started)
+
+
+class TmuxReuseExecutor(TmuxExecutor):
+    """The tmux :class:`~gpusched.executors.Executor` whose panes run one job after another.
+    Starts attempts with ``begin``/``finish`` (the scheduler writes the next attempt's files
+    while this one's loop forks); a request that cannot be written on one line gets a
+    window of its own (:meth:`TmuxExecutor.launch`)."""
+
+    def __init__(self, home: Home) -> None:
+        super().__init__(home)
+        self._panes: dict[str, Pane] = {}  # by pane id, oldest first
+        self._answers = -1
+        self._buf = b""
+        self._pending: list[tuple[LaunchRequest, Pane | Handle | Exception]] = []
+
+    @property
+    def answers(self) -> str:
+        """The FIFO on which every pane's loop answers its wrapper's pid."""
+        return str(self.home.root / "panes" / "answers")
+
+    # ------------------------------------------------------------------ launching
+
+    def launch(self, req: LaunchRequest) -> Handle:
+        assert not self._pending, "launch() between begin() and finish()"
+        self.begin(req)
+        (result,) = self.finish()
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def launch_many(self, reqs: Sequence[LaunchRequest]) -> list[Handle | Exception]:
+        """:meth:`begin` each, then :meth:`finish`."""
+        for req in reqs:
+            self.begin(req)
+        return self.finish()
+
+    def begin(self, req: LaunchRequest) -> None:
+        """Start ``req`` in an idle pane of its suite's session (its line written to the pane's
+        FIFO: the job starts at once), or in a new pane; :meth:`finish` gives the handles."""
+        try:
+            self._pending.append((req, self._begin(req)))
+        except Exception as e:
+            self._pending.append((req, e))
+
+    def _begin(self, req: LaunchRequest) -> Pane | Handle:
+        self._prepare()
+        self._open_answers()
+        if not self._known:
+            self._refresh()
+        line = pane_line(req)
+        if line is None:
+            return TmuxExecutor.launch(self, req)
+        AttemptPaths(req.attempt_dir).make_pipe()  # (the wrapper's tee reads it)
+        pane = self._idle(session_name(req.suite))
+        if pane is None:
+            pane = self._open(req)
+        pane.token, pane.wrapper, pane.wrapper_started = req.token, None, None
+        os.write(pane.fd, line)
+        return pane
+
+    def finish(self) -> list[Handle | Exception]:
+        """One result per :meth:`begin` since the last call, in order: a handle, the error that
+        kept it from starting, or :class:`~gpusched.executors.LaunchUncertain` when its pane
+        did not answer (its pane is then used no more). Then one tmux line renames each
+        window after its job and tags its pane with the attempt's token and wrapper pid."""
+        pending, self._pending = self._pending, []
+        got = self._read_answers({p.token: p for _, p in pending if isinstance(p, Pane) and p.token})
+        out: list[Handle | Exception] = []
+        tags: list[list[str]] = []
+        sess = ""
+        for req, how in pending:
+            if not isinstance(how, Pane):
+                out.append(how)
+                continue
+            pid = got.get(req.token)
+            if pid is None:
+                self._drop(how)
+                out.append(LaunchUncertain(f"{req.job_id}: its tmux pane {how.pane} did not answer"))
+                continue
+            how.wrapper, how.wrapper_started = pid, time.time()
+            sess = how.sess
+            tags += [
+                ["rename-window", "-t", how.window, req.job_name],
+                ["set-option", "-p", "-t", how.pane, "@gpusched_token", req.token],
+                ["set-option", "-p", "-t", how.pane, "@gpusched_job", req.job_id],
+                ["set-option", "-p", "-t", how.pane, "@gpusched_pid", str(pid)],
+            ]
+            out.append(
+                {
+                    "pane": how.pane,
+                    "window": how.window,
+                    "session": how.session,
+                    "pid": pid,
+                    "pid_started_at": how.wrapper_started,
+                    "token": req.token,
+                    "host": self._host,
+                }
+            )
+        if tags:
+            r = self._launch_cmd(chain(*tags), sess)
+            if r.returncode != 0:  # a pane closed meanwhile: its job was hung up with it
+                log.debug("tmux after a launch into a reused pane: %s", r.stderr.strip())
+        return out
+
+    def _idle(self, sess: str) -> Pane | None:
+        """The oldest idle pane of session ``sess``; panes whose loop is gone are let go."""
+        for pane in list(self._panes.values()):
+            if pane.sess != sess:
+                continue
+            if not pane.lives():
+                self._drop(pane, gone=True)
+            elif pane.idle():
+                return pane
+        return None
+
+    def _open(self, req: LaunchRequest) -> Pane:
+        """A new pane for ``req`` (in a new window of its suite's session), with its FIFO;
+        idle panes beyond :data:`KEEP_WINDOWS` are closed in the same tmux line."""
+        folder = self.home.root / "panes"
+        fifo = str(folder / f"{uuid.uuid4().hex[:16]}.fifo")
+        os.mkfifo(fifo, 0o600)
+        fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+        command = ["sh", str(PANE_LOOP), fifo, self.answers, str(WRAPPER)]
+        sess = session_name(req.suite)
+        try:
+            closes = self._beyond_keep()
+            for fresh in (False, True):
+                new_session = sess not in self._sessions
+                argv = launch_argv(req, new_session=new_session, closes=closes, command=command, fifo=fifo)
+                r = self._launch_cmd(argv, sess)
+                ids = parse_ids(r.stdout)
+                if ids is not None or fresh:
+                    break
+                self._refresh()  # what we knew was stale: the session (or the server) went away
+                closes = [w for w in closes if w in {p.window for p in self._panes.values()}]
+            if ids is None:
+                raise CommandFailed(r.args, r.returncode, r.stderr)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(fifo)
+            raise
+        for window in closes:
+            for old in [p for p in self._panes.values() if p.window == window]:
+                self._drop(old, gone=True)
+        if new_session:
+            self._make_socket_private()
+        self._sessions.add(sess)
+        pane_id, window, session, pid = ids
+        pane = Pane(pane_id, window, session, sess, fifo, fd, pid, time.time())
+        self._panes[pane_id] = pane
+        return pane
+
+    def _beyond_keep(self) -> list[str]:
+        """Windows of the oldest idle panes, as many as exceed :data:`KEEP_WINDOWS` with one
+        more pane."""
+        excess = len(self._panes) + 1 - KEEP_WINDOWS
+        return [p.window for p in self._panes.values() if p.idle()][: max(0, excess)]
+
+    def _drop(self, pane: Pane, *, gone: bool = False) -> None:
+        """Launch into ``pane`` no more (its FIFO is closed here; the pane stays on the server).
+        ``gone``: the pane is closed, and its FIFO is removed too."""
+        if self._panes.pop(pane.pane, None) is not None:
+            with contextlib.suppress(OSError):
+                os.close(pane.fd)
+        if gone:
+            with contextlib.suppress(OSError):
+                os.unlink(pane.fifo)
+
+    # ------------------------------------------------------------------ answers
+
+    def _open_answers(self) -> None:
+        if self._answers >= 0:
+            return
+        folder = self.home.root / "panes"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkfifo(self.answers, 0o600)
+        # read-write: never at end of input while no loop writes
+        self._answers = os.open(self.answers, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def _read_answers(self, owed: dict[str, Pane]) -> dict[str, int]:
+        """{token: wrapper pid} for the tokens ``owed``, read until all have answered, or
+        their panes' loops are gone (a pane closed as its line was written), or
+        :data:`ANSWER_S` has passed since the last answer. Answers to other tokens (a loop
+        that answered after its launch was given up on) are dropped."""
+        got: dict[str, int] = {}
+        waiting = dict(owed)
+        deadline = time.monotonic() + ANSWER_S
+        while waiting:
+            try:
+                data = os.read(self._answers, 65536)
+            except BlockingIOError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                if not select.select([self._answers], [], [], min(left, LOOK_S))[0]:
+                    waiting = {t: p for t, p in waiting.items() if p.lives()}
+                continue
+            said, self._buf = parse_answers(self._buf + data)
+            for tok, pid in said.items():
+                if waiting.pop(tok, None) is not None:
+                    got[tok] = pid
+            deadline = time.monotonic() + ANSWER_S
+        return got
+
+    # ------------------------------------------------------------------ the rest of the protocol
+
+    def release(self, handle: Handle) -> None:
+        """A reused pane is kept for the next job (its window, not the attempt's); an attempt
+        that had a window of its own has it closed."""
+        if handle.get("pane") in self._panes or not self._is_window_of_its_own(handle):
+            return
+        super().release(handle)
+
+    def _is_window_of_its_own(self, handle: Handle) -> bool:
+        where = str(handle.get("pane"))
+        r = self._tmux(["display-message", "-p", "-t", where, "#{@gpusched_fifo}"], check=False)
+        return r.returncode == 0 and not r.stdout.strip()
+
+    def _refresh(self) -> list[PaneRow]:
+        """The tmux executor's, then the reused panes on the server taken back (a restarted
+        daemon launches into the panes the last one opened) and those gone let go."""
+        rows = super()._refresh()
+        live = {row.pane: row for row in rows if row.fifo and not row.dead}
+        for pane in [p for p in self._panes.values() if p.pane not in live]:
+            self._drop(pane, gone=True)
+        for row in live.values():
+            if row.pane in self._panes:
+                continue
+            try:
+                fd = os.open(row.fifo, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:
+                continue  # its FIFO is gone: the pane shows its last job until it is closed
+            wrapper = row.wrapper
+            self._panes[row.pane] = Pane(
+                row.pane,
+                row.window,
+                row.session,
+                row.session_name,
+                row.fifo,
+                fd,
+                row.pid,
+                proc.started_at(row.pid),
+                token=row.token or None,
+                wrapper=wrapper,
+                wrapper_started=proc.started_at(wrapper) if wrapper else None,
+            )
+        return rows
+
+    def discover(self) -> dict[str, Handle]:
+        """The tmux executor's; then the FIFOs of panes no longer on the server (closed by a
+        user, or gone with the server while no daemon ran) are removed."""
+        found = super().discover()
+        self._unlink_unused()
+        return found
+
+    def _unlink_unused(self) -> None:
+        folder = self.home.root / "panes"
+        used = {p.fifo for p in self._panes.values()}
+        with contextlib.suppress(OSError):
+            for name in os.listdir(folder):
+                path = str(folder / name)
+                if name.endswith(".fifo") and path not in used:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+
+    def close(self) -> None:
+        """Close the FIFOs (the panes and what they run go on)."""
+        for pane in list(self._panes.values()):
+            self._drop(pane)
+        if self._answers >= 0:
+            os.close(self._answers)
+            self._answers = -1

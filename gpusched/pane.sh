@@ -1,0 +1,43 @@
+#!/bin/sh
+# gpusched pane loop: sh pane.sh FIFO ANSWERS WRAPPER, the process of a tmux pane that runs one
+# job after another (GPUSCHED_TMUX_PANES=reuse; gpusched/executors/tmux.py, TmuxReuseExecutor).
+# The executor writes one line per attempt into FIFO; this shell answers the pid of the
+# wrapper it started on ANSWERS. Notes at the end, after the last command.
+fifo=$1
+answers=$2
+wrap=$3
+exec 7<>"$fifo" # (1)
+set -m
+case $- in
+*m*) ;;
+*) echo "gpusched: no job control in this pane" && exit 1 ;;
+esac
+while read -r tok line <&7; do
+    printf '\033[0m\033[H\033[2J' # (2)
+    (eval "$line" && . "$wrap") 7<&- & # (3)
+    printf '%s %s\n' "$tok" "$!" 1<>"$answers"
+    fg >/dev/null # (4)
+done
+exit 0
+
+# ---------------------------------------------------------------------------------------------
+# Nothing below is read by sh.
+#
+# Why it exists: every tmux pane costs its server a fork, a pseudo-terminal and a utmp record
+# (the setgid utempter helper, waited for), about 3 ms a job on a 2-core VM, serially in the
+# server. A pane that runs the next job once its last one has ended costs that once per slot
+# of the night, not once per job.
+#
+# (1) Read-write, so that the open never waits for a writer and `read` never sees the end of
+#     input while the executor is away (a restarted daemon opens the same FIFO again, by the
+#     path in the pane's @gpusched_fifo option).
+# (2) A fresh screen for each job (its attributes reset, the screen cleared; what the last job
+#     showed scrolls into the pane's history), as a window of its own would give it.
+# (3) The line is `export NAME='value' ...; set -- 'ATTEMPT_DIR' tee`, every value quoted by the
+#     executor. The subshell, in the background at first, leads a process group of its own
+#     (job control), which a cancel signals without touching this shell; it sources the
+#     wrapper in "tee" mode, which shows the job's output here and appends it to output.log.
+#     The FIFO is not passed on to the job.
+# (4) The job is brought to the foreground: the terminal's keys reach its group (a Ctrl-C
+#     stops the job, not this loop), and this shell waits for it. When the pane is closed,
+#     the hang-up reaches this shell and the job's group alike, as in a window of its own.
