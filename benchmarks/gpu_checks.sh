@@ -1,12 +1,12 @@
 #!/bin/bash
 # The checks that need a real NVIDIA GPU, one after the other, each with a time limit: the
 # NVML probe tests, placement beside an outside process (subprocess backend, then tmux where
-# tmux is installed), and genuine CUDA OOMs down the tier ladder. Prints each check's output
+# tmux is installed, a window per job and reused panes), and genuine CUDA OOMs down the tier ladder. Prints each check's output
 # and a PASS/FAIL line per check; exits 1 if any failed.
 #
 #   bash benchmarks/gpu_checks.sh [LADDER_STEPS]    # LADDER_STEPS: optimizer steps per ladder job (6)
 #
-# About 5 minutes on an H200 (tier C of the ladder takes ~12 s a step there).
+# About 6 minutes on an H200 (tier C of the ladder takes ~12 s a step there).
 #
 # Run it from the project's root with gpusched importable (`pip install -e .`, or PYTHONPATH).
 set -u
@@ -37,7 +37,10 @@ run outsider 300 "$python" benchmarks/gpu_outsider.py --jobs 6 --job-s 12 --time
 names="probe outsider"
 if command -v tmux >/dev/null; then  # the same, each job in its own pane of gpusched's tmux server
     run outsider-tmux 300 "$python" benchmarks/gpu_outsider.py --jobs 6 --job-s 12 --timeout 260 --backend tmux
-    names="$names outsider-tmux"
+    # and in panes that run one job after another (GPUSCHED_TMUX_PANES=reuse)
+    GPUSCHED_TMUX_PANES=reuse run outsider-tmux-reuse 300 "$python" benchmarks/gpu_outsider.py --jobs 6 \
+        --job-s 12 --timeout 260 --backend tmux
+    names="$names outsider-tmux outsider-tmux-reuse"
 else
     echo "=== outsider-tmux: not run, no tmux here"
 fi

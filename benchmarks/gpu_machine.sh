@@ -17,7 +17,8 @@
 #
 # Writes each part's output to OUT_DIR (in_turn.txt, gpu_checks.txt, dispatch.txt, runner.txt,
 # first_launch.txt, refill.txt, status.txt) as it goes, so what ran before a time limit is kept.
-# About 7 minutes on 16 cores and an H200.
+# About 8-9 minutes on 16 cores and an H200 (a command of the lent machine may run 10): where less
+# time is left, run gpu_checks.sh on its own first.
 set -u
 out=${1:?usage: gpu_machine.sh OUT_DIR [STEPS]}
 steps=${2:-4}
@@ -63,5 +64,5 @@ part runner 120 bash -c 'for r in 1 2 3; do for on in 1 0; do echo "GPUSCHED_RUN
     GPUSCHED_RUNNER=$on TMPDIR=/dev/shm python3 benchmarks/bench_dispatch.py --only "gpusched (subprocess)"; done; done'
 # the night's first launch (submit to the first job, no daemon running), in turn with .before/
 part first_launch 60 bash -c 'python3 benchmarks/bench_first_launch.py --rounds 8 $([ -d .before/gpusched ] && echo --before .before)'
-part refill 90 python3 benchmarks/bench_refill.py --jobs 300
+part refill 120 python3 benchmarks/bench_refill.py --jobs 300 --backend subprocess,tmux,tmux-reuse
 part status 60 python3 benchmarks/bench_status.py --runs 3
