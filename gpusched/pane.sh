@@ -12,7 +12,12 @@ case $- in
 *m*) ;;
 *) echo "gpusched: no job control in this pane" && exit 1 ;;
 esac
-while read -r tok line <&7; do
+while read -r tok until line <&7; do
+    read -r up _ </proc/uptime # (5)
+    if [ "${up%.*}${up#*.}" -gt "$until" ]; then
+        printf '[gpusched] a launch given up on was not run (%s)\n' "$tok"
+        continue
+    fi
     printf '\033[0m\033[H\033[2J' # (2)
     (eval "$line" && . "$wrap") 7<&- & # (3)
     printf '%s %s\n' "$tok" "$!" 1<>"$answers"
@@ -41,3 +46,8 @@ exit 0
 # (4) The job is brought to the foreground: the terminal's keys reach its group (a Ctrl-C
 #     stops the job, not this loop), and this shell waits for it. When the pane is closed,
 #     the hang-up reaches this shell and the job's group alike, as in a window of its own.
+# (5) Each line carries the time after which it must not run: the clock since boot in
+#     hundredths of a second (/proc/uptime, read by a builtin: no `date` exec a job). A line
+#     this loop reaches late (it was busy, or stopped) is one the executor has given up
+#     waiting for, and the scheduler may have requeued its attempt as never started: run now,
+#     it would run twice.

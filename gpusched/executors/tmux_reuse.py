@@ -61,6 +61,10 @@ PANES_ENV = "GPUSCHED_TMUX_PANES"
 ANSWER_S = 5.0
 #: While it waits, how often it looks whether the panes' loops still run.
 LOOK_S = 0.05
+#: A line not read by its pane's loop this long after it was written is not run (pane.sh, note
+#: 5): well within ANSWER_S, after which the executor gives the launch up, and within the
+#: scheduler's START_GRACE_S, after which it requeues an attempt that left no trace.
+LINE_S = 2.0
 
 
 def parse_panes(raw: str) -> bool:
@@ -80,14 +84,20 @@ def reuse_wanted(environ: Mapping[str, str]) -> bool:
         return False
 
 
-def pane_line(req: LaunchRequest) -> bytes | None:
-    """The line a pane's loop reads for ``req``: its token, then ``export NAME='value' ...;
-    set -- 'DIR' tee`` (the variables a window of its own gets with ``-e``). None when the
-    request cannot be written on one line: it gets a window of its own."""
+def pane_line(req: LaunchRequest, *, until: int) -> bytes | None:
+    """The line a pane's loop reads for ``req``: its token, the time after which it must not
+    run (``until``, :func:`boot_cs`), then ``export NAME='value' ...; set -- 'DIR' tee`` (the
+    variables a window of its own gets with ``-e``). None when the request cannot be written
+    on one line: it gets a window of its own."""
     if not req.token or any(c.isspace() for c in req.token):
         return None
     line = runner_line(req, {"GPUSCHED_JOB_ID": req.job_id, **req.env, TOKEN_ENV: req.token}, "tee")
-    return None if line is None else req.token.encode() + b" " + line
+    return None if line is None else f"{req.token} {until} ".encode() + line
+
+
+def boot_cs() -> int:
+    """The clock since boot in hundredths of a second, as the loop reads it from /proc/uptime."""
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * 100)
 
 
 def parse_answers(buf: bytes) -> tuple[dict[str, int], bytes]:
@@ -118,10 +128,18 @@ class Pane:
     wrapper_started: float | None = None
 
     def idle(self) -> bool:
-        """Its loop waits for a line: the last attempt given to it has answered and ended."""
+        """Its loop waits for a line: the last attempt given to it has answered and ended, and
+        the loop has no child (a wrapper the tags do not name: one started by a line written
+        just before a daemon died)."""
         if self.token is not None and self.wrapper is None:
             return False  # given a line, not answered: not known to be free
-        return not proc.group_alive(self.wrapper, self.wrapper_started)
+        if proc.group_alive(self.wrapper, self.wrapper_started):
+            return False
+        try:
+            with open(f"/proc/{self.loop}/task/{self.loop}/children") as f:
+                return not f.read().strip()
+        except OSError:  # (a kernel without the file: the tags are all there is)
+            return True
 
     def lives(self) -> bool:
         return proc.is_alive(self.loop, self.loop_started)
@@ -174,7 +192,7 @@ class TmuxReuseExecutor(TmuxExecutor):
         self._open_answers()
         if not self._known:
             self._refresh()
-        line = pane_line(req)
+        line = pane_line(req, until=boot_cs() + int(LINE_S * 100))
         if line is None:
             return TmuxExecutor.launch(self, req)
         AttemptPaths(req.attempt_dir).make_pipe()  # (the wrapper's tee reads it)

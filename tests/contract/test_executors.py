@@ -988,3 +988,41 @@ def test_the_panes_setting_is_read_from_the_environment(
         assert isinstance(make_executor("tmux", Home(tmp_path)), TmuxReuseExecutor) is reuse
     with pytest.raises(ValueError):
         tmux_reuse.parse_panes("fast")
+
+
+def test_a_line_its_pane_reaches_too_late_is_not_run(reuse_bench: Bench) -> None:
+    """A line written to a pane that was busy (a daemon that died between writing it and
+    tagging the pane, then a new one that gave the launch up) must not run once the pane is
+    free: the scheduler has requeued that attempt as never started, and it would run twice."""
+    from gpusched.executors.tmux_reuse import boot_cs, pane_line
+
+    b = reuse_bench
+    busy, bp, _ = b.launch(GATED, job_name="busy")
+    retry_until((bp.dir / "started").exists)
+    late, lp = b.request("echo ran >> ran.txt\n", job_name="late")
+    line = pane_line(late, until=boot_cs() - 1)
+    assert line is not None
+    os.write(b.tx._panes[busy["pane"]].fd, line)  # type: ignore[attr-defined]
+    (bp.dir / "gate").touch()
+    ended(b, busy, bp)
+    retry_until(lambda: f"not run ({late.token})" in b.tx.capture(busy, lines=50))
+    assert not (b.root / "ran.txt").exists() and lp.read_pid() is None
+    h, paths, _ = b.launch(EXIT3, job_name="next")
+    assert h["pane"] == busy["pane"] and ended(b, h, paths)["exit_code"] == 3
+
+
+def test_a_pane_whose_tags_are_stale_is_not_taken_for_idle(reuse_bench: Bench) -> None:
+    """The daemon died after writing a line into an idle pane and before tagging it with the
+    new wrapper's pid: a new daemon reads the old (ended) wrapper's pid there, but the pane's
+    loop has a child, so the pane is busy and the next job gets another."""
+    b = reuse_bench
+    h0, p0, _ = b.launch(EXIT3, job_name="first")
+    ended(b, h0, p0)
+    req, paths = b.request(GATED, job_name="running")
+    b.tx.begin(req)  # type: ignore[attr-defined]
+    retry_until((paths.dir / "started").exists)  # (and finish() is never called: the daemon died)
+    b.ex = b.make()
+    h, hp, _ = b.launch(EXIT3, job_name="other")
+    assert h["pane"] != h0["pane"] and ended(b, h, hp)["exit_code"] == 3
+    (paths.dir / "gate").touch()
+    assert exited(paths)["exit_code"] == 0
