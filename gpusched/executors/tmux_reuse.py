@@ -111,6 +111,18 @@ def parse_answers(buf: bytes) -> tuple[dict[str, int], bytes]:
     return out, rest
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    """Write ``data`` to the non-blocking FIFO ``fd`` whole (a line longer than the pipe
+    holds goes as the loop reads it); OSError when the loop reads nothing for ANSWER_S."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            if not select.select([], [fd], [], ANSWER_S)[1]:
+                raise OSError(f"a tmux pane read nothing for {ANSWER_S:.0f} s") from None
+
+
 @dataclass
 class Pane:
     """A reused pane this executor writes to."""
@@ -200,7 +212,11 @@ class TmuxReuseExecutor(TmuxExecutor):
         if pane is None:
             pane = self._open(req)
         pane.token, pane.wrapper, pane.wrapper_started = req.token, None, None
-        os.write(pane.fd, line)
+        try:
+            _write_all(pane.fd, line)
+        except OSError:
+            self._drop(pane)  # (a line cut short is never run: the loop waits for its end)
+            raise
         return pane
 
     def finish(self) -> list[Handle | Exception]:
@@ -241,10 +257,14 @@ class TmuxReuseExecutor(TmuxExecutor):
                     "host": self._host,
                 }
             )
-        if tags:
-            r = self._launch_cmd(chain(*tags), sess)
-            if r.returncode != 0:  # a pane closed meanwhile: its job was hung up with it
-                log.debug("tmux after a launch into a reused pane: %s", r.stderr.strip())
+        if tags:  # (the jobs run whatever becomes of this: the handles stand)
+            try:
+                r = self._launch_cmd(chain(*tags), sess)
+            except Exception as e:
+                log.warning("could not tag reused tmux panes: %s", e)
+            else:
+                if r.returncode != 0:  # a pane closed meanwhile: its job was hung up with it
+                    log.debug("tmux after a launch into a reused pane: %s", r.stderr.strip())
         return out
 
     def _idle(self, sess: str) -> Pane | None:

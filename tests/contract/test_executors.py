@@ -969,12 +969,20 @@ def test_a_request_that_cannot_be_one_line_gets_a_window_of_its_own(reuse_bench:
     b = reuse_bench
     h1, p1, _ = b.launch(EXIT3, job_name="plain")
     ended(b, h1, p1)
-    h2, p2, _ = b.launch('printf "%s" "$TWO_LINES"\n', job_name="two", env={"TWO_LINES": "a\nb"})
+    script = 'printf "%s" "$TWO_LINES" > "@DIR@/two.txt"\n' + GATED
+    h2, p2, _ = b.launch(script, job_name="two", env={"TWO_LINES": "a\nb"})
+    retry_until((p2.dir / "started").exists)
     assert h2["pane"] != h1["pane"] and os.getsid(h2["pid"]) == h2["pid"]  # the wrapper leads the pane
-    assert ended(b, h2, p2)["exit_code"] == 0 and p2.output.read_text() == "a\nb"
+    (p2.dir / "gate").touch()
+    assert ended(b, h2, p2)["exit_code"] == 0 and (p2.dir / "two.txt").read_text() == "a\nb"
     h3, p3, _ = b.launch(EXIT3, job_name="third")
     assert h3["pane"] == h1["pane"]
     ended(b, h3, p3)
+    # a value longer than a pipe holds (and than tmux takes on a command line) goes as it is read
+    big = "x" * 100_000
+    h4, p4, _ = b.launch('printf "%s" "$BIG" | wc -c\n', job_name="big", env={"BIG": big})
+    assert h4["pane"] == h1["pane"] and ended(b, h4, p4)["exit_code"] == 0
+    assert p4.output.read_text().strip() == "100000"
 
 
 def test_the_panes_setting_is_read_from_the_environment(
