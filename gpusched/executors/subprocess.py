@@ -37,6 +37,7 @@ from gpusched.executors import (
     LaunchRequest,
     LaunchUncertain,
     attempt_alive,
+    env_setting,
     signal_attempt,
 )
 from gpusched.home import Home, this_host
@@ -182,7 +183,9 @@ class SubprocessExecutor:
         self.home = home
         self._environ = dict(os.environ)  # read once: os.environ decodes every variable per access
         self._host = this_host()  # a pid means something on this machine only
-        self._use_runner = _runner_wanted(self._environ) if runner is None else runner
+        if runner is None:
+            runner = env_setting(self._environ, RUNNER_ENV, parse_runner, True)
+        self._use_runner = runner
         self._runner: Runner | None = None
         self._no_runner_until = 0.0
         # begun, not finished: the runner that owes the pid, or the launch's result
@@ -324,15 +327,6 @@ class SubprocessExecutor:
 
     def release(self, handle: Handle) -> None:
         """Nothing to release: an ended process leaves nothing behind but its attempt dir."""
-
-
-def _runner_wanted(environ: Mapping[str, str]) -> bool:
-    raw = environ.get(RUNNER_ENV, "").strip()
-    try:
-        return parse_runner(raw) if raw else True
-    except ValueError:  # (submit and `daemon start` refuse it first)
-        log.warning("%s=%r is not 1 or 0; starting wrappers through a runner", RUNNER_ENV, raw)
-        return True
 
 
 def runner_line(req: LaunchRequest, env: Mapping[str, str], mode: str = "file") -> bytes | None:

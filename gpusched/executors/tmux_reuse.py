@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from gpusched import proc
 from gpusched.attempt import AttemptPaths
 from gpusched.errors import CommandFailed
-from gpusched.executors import TOKEN_ENV, WRAPPER, Handle, LaunchRequest, LaunchUncertain
+from gpusched.executors import TOKEN_ENV, WRAPPER, Handle, LaunchRequest, LaunchUncertain, env_setting
 from gpusched.executors.subprocess import runner_line
 from gpusched.executors.tmux import (
     KEEP_WINDOWS,
@@ -76,12 +76,8 @@ def parse_panes(raw: str) -> bool:
 
 
 def reuse_wanted(environ: Mapping[str, str]) -> bool:
-    raw = environ.get(PANES_ENV, "").strip()
-    try:
-        return parse_panes(raw) if raw else False
-    except ValueError:  # (submit and `daemon start` refuse it first)
-        log.warning("%s=%r is not reuse or job; a window for each job", PANES_ENV, raw)
-        return False
+    """Whether the daemon's environment asks for reused panes."""
+    return env_setting(environ, PANES_ENV, parse_panes, False)
 
 
 def pane_line(req: LaunchRequest, *, until: int) -> bytes | None:

@@ -156,18 +156,23 @@ def bench(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         proc.run(["tmux", "-S", str(home.tmux_socket), "kill-server"], check=False)
 
 
-@pytest.fixture
-def tmux_bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
+def _tmux_bench(kind: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
+    """A bench of one tmux executor (``kind``), its server killed afterwards."""
     if not HAVE_TMUX:
         pytest.skip("tmux is not installed")
     root = tmp_path_factory.mktemp("tx")
     home = Home(root / "home")
-    make = _make("tmux", home)
-    b = Bench(kind="tmux", home=home, root=root, make=make, ex=make())
+    make = _make(kind, home)
+    b = Bench(kind=kind, home=home, root=root, make=make, ex=make())
     yield b
     for h in b.handles:
         b.ex.terminate(h, force=True)
     proc.run(["tmux", "-S", str(home.tmux_socket), "kill-server"], check=False)
+
+
+@pytest.fixture
+def tmux_bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
+    yield from _tmux_bench("tmux", tmp_path_factory)
 
 
 def exited(paths: AttemptPaths) -> dict[str, object]:
@@ -844,16 +849,7 @@ def test_the_control_client_passes_every_argument_literally(tmux_bench: Bench) -
 
 @pytest.fixture
 def reuse_bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
-    if not HAVE_TMUX:
-        pytest.skip("tmux is not installed")
-    root = tmp_path_factory.mktemp("rx")
-    home = Home(root / "home")
-    make = _make("tmux-reuse", home)
-    b = Bench(kind="tmux-reuse", home=home, root=root, make=make, ex=make())
-    yield b
-    for h in b.handles:
-        b.ex.terminate(h, force=True)
-    proc.run(["tmux", "-S", str(home.tmux_socket), "kill-server"], check=False)
+    yield from _tmux_bench("tmux-reuse", tmp_path_factory)
 
 
 def ended(b: Bench, h: Handle, paths: AttemptPaths) -> dict[str, object]:
@@ -991,7 +987,9 @@ def test_the_panes_setting_is_read_from_the_environment(
     from gpusched.executors import tmux_reuse
     from gpusched.executors.select import make_executor
 
-    for raw, reuse in (("reuse", True), (" Reuse ", True), ("job", False), ("", False)):
+    # (a value it does not take is refused by submit and `daemon start`; a daemon that meets
+    # one anyway keeps the default)
+    for raw, reuse in (("reuse", True), (" Reuse ", True), ("job", False), ("", False), ("fast", False)):
         monkeypatch.setenv(tmux_reuse.PANES_ENV, raw)
         assert isinstance(make_executor("tmux", Home(tmp_path)), TmuxReuseExecutor) is reuse
     with pytest.raises(ValueError):
