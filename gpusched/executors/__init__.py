@@ -67,7 +67,8 @@ class Executor(Protocol):
     # backend that starts an attempt at once but learns its handle later (the subprocess
     # backend's runner answers each pid while the daemon writes the next attempt's files):
     # the scheduler begins each attempt as soon as its files are written, then finishes
-    # them all, one result per begin, in order.
+    # them all, one result per begin, in order. A backend with both (tmux with reused panes)
+    # is begun and finished.
 
 
 # ---------------------------------------------------------------------- an attempt's processes
