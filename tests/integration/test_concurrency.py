@@ -97,6 +97,11 @@ def test_eight_clients_submit_400_jobs_at_once_while_status_and_cancel_run(
             if c["queued"] == 0 and c["running"] == 0:
                 break
             time.sleep(0.1)
+        # at least three statuses, the first begun with the submits (a loaded machine may
+        # queue all 400 jobs within two of them)
+        deadline = time.monotonic() + 60
+        while statuses["n"] < 3 and not failures and time.monotonic() < deadline:
+            time.sleep(0.05)
     finally:
         done.set()
         watcher.join()
