@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpusched import proc
-from gpusched.attempt import AttemptPaths
+from gpusched.attempt import EXIT, AttemptPaths
 from gpusched.errors import CommandFailed
 from gpusched.executors import TOKEN_ENV, WRAPPER, Handle, LaunchRequest, LaunchUncertain, env_setting
 from gpusched.executors.subprocess import runner_line
@@ -134,20 +134,28 @@ class Pane:
     token: str | None = None  # the attempt it was last given
     wrapper: int | None = None  # that attempt's wrapper, once the loop answered
     wrapper_started: float | None = None
+    exit_path: str | None = None  # that attempt's exit.json (not known for a pane taken back)
 
     def idle(self) -> bool:
-        """Its loop waits for a line: the last attempt given to it has answered and ended, and
-        the loop has no child (a wrapper the tags do not name: one started by a line written
-        just before a daemon died)."""
+        """Its loop waits for a line, or is about to. Either the last attempt given to it
+        has answered and written its exit record (its wrapper is printing its last line),
+        or that attempt has ended and the loop has no live child (a child the tags do not
+        name is a wrapper started by a line written just before a daemon died; one that has
+        exited and is not yet reaped is the wrapper that just ended)."""
         if self.token is not None and self.wrapper is None:
             return False  # given a line, not answered: not known to be free
+        if self.exit_path is not None and os.path.exists(self.exit_path):
+            # its wrapper has written its exit record, and the scheduler reaped the attempt by
+            # it: it is printing its last line and exiting, the loop reads the next line after
+            return True
         if proc.group_alive(self.wrapper, self.wrapper_started):
             return False
         try:
             with open(f"/proc/{self.loop}/task/{self.loop}/children") as f:
-                return not f.read().strip()
+                children = f.read().split()
         except OSError:  # (a kernel without the file: the tags are all there is)
             return True
+        return all(proc.started_at(int(pid)) is None for pid in children)
 
     def lives(self) -> bool:
         return proc.is_alive(self.loop, self.loop_started)
@@ -208,6 +216,7 @@ class TmuxReuseExecutor(TmuxExecutor):
         if pane is None:
             pane = self._open(req)
         pane.token, pane.wrapper, pane.wrapper_started = req.token, None, None
+        pane.exit_path = AttemptPaths(req.attempt_dir).file(EXIT)
         try:
             _write_all(pane.fd, line)
         except OSError:

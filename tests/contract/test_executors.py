@@ -1032,3 +1032,25 @@ def test_a_pane_whose_tags_are_stale_is_not_taken_for_idle(reuse_bench: Bench) -
     assert h["pane"] != h0["pane"] and ended(b, h, hp)["exit_code"] == 3
     (paths.dir / "gate").touch()
     assert exited(paths)["exit_code"] == 0
+
+
+def test_a_pane_whose_wrapper_wrote_its_exit_record_takes_the_next_line(tmp_path: Path) -> None:
+    """The scheduler reaps an attempt by its exit.json, while its wrapper may still be printing
+    its last line: its pane is free for the slot's next job (the loop reads the line once the
+    wrapper exits), not a reason to open another window, and without that record it is busy."""
+    import subprocess
+
+    from gpusched.executors.tmux_reuse import Pane
+
+    wrapper = subprocess.Popen(["sleep", "30"], start_new_session=True)  # (a group leader, as a wrapper)
+    try:
+        exit_json = tmp_path / "exit.json"
+        pane = Pane("%1", "@1", "$1", "s", "", -1, os.getpid(), None, token="t", wrapper=wrapper.pid)
+        pane.wrapper_started = proc.started_at(wrapper.pid)
+        pane.exit_path = str(exit_json)
+        assert not pane.idle()
+        exit_json.write_text('{"exit_code": 0}')
+        assert pane.idle()
+    finally:
+        wrapper.kill()
+        wrapper.wait()
