@@ -37,7 +37,7 @@ from gpusched import proc
 from gpusched.attempt import EXIT, AttemptPaths
 from gpusched.errors import CommandFailed
 from gpusched.executors import TOKEN_ENV, WRAPPER, Handle, LaunchRequest, LaunchUncertain, env_setting
-from gpusched.executors.subprocess import runner_line
+from gpusched.executors.subprocess import ANSWER_S, runner_line  # (a pane's loop has as long as the runner)
 from gpusched.executors.tmux import (
     KEEP_WINDOWS,
     PaneRow,
@@ -57,8 +57,6 @@ PANE_LOOP = WRAPPER.parent / "pane.sh"
 #: another; ``job`` (the default): a window of its own for each attempt.
 PANES_ENV = "GPUSCHED_TMUX_PANES"
 
-#: How long a pane's loop may take to answer a launch with its wrapper's pid.
-ANSWER_S = 5.0
 #: While it waits, how often it looks whether the panes' loops still run.
 LOOK_S = 0.05
 #: A line not read by its pane's loop this long after it was written is not run (pane.sh, note
