@@ -146,6 +146,17 @@ def launch_many(ex: Executor, reqs: Sequence[LaunchRequest]) -> list[Handle | Ex
     return launch_each(ex, reqs)
 
 
+def begin_finish(ex: Any, req: LaunchRequest) -> Handle:
+    """:meth:`Executor.launch` for a backend that starts attempts with ``begin``/``finish``:
+    begins ``req`` alone, finishes it, and raises what kept it from starting."""
+    assert not ex._pending, "launch() between begin() and finish()"
+    ex.begin(req)
+    (result,) = ex.finish()
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
 def launch_each(ex: Executor, reqs: Sequence[LaunchRequest]) -> list[Handle | Exception]:
     """:meth:`Executor.launch` each request in turn, a failure given in its place."""
     out: list[Handle | Exception] = []

@@ -37,6 +37,7 @@ from gpusched.executors import (
     LaunchRequest,
     LaunchUncertain,
     attempt_alive,
+    begin_finish,
     env_setting,
     signal_attempt,
 )
@@ -198,12 +199,7 @@ class SubprocessExecutor:
         it), ``req.env``, and last ``GPUSCHED_TOKEN`` and ``GPUSCHED_HOME``. Raises
         :class:`~gpusched.executors.LaunchUncertain` when the runner died holding the
         request."""
-        assert not self._pending, "launch() between begin() and finish()"
-        self.begin(req)
-        (result,) = self.finish()
-        if isinstance(result, Exception):
-            raise result
-        return result
+        return begin_finish(self, req)
 
     def begin(self, req: LaunchRequest) -> None:
         """Start ``req``'s wrapper without waiting for the runner to answer its pid (the

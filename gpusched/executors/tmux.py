@@ -209,27 +209,18 @@ class PaneRow(Struct, frozen=True):
         return cls(token, pane, window, session, int(pid), dead == "1", fifo, wpid, sname, wname)
 
     def handle(self) -> Handle:
-        if self.fifo:  # a reused pane: the attempt's process is the wrapper its loop started
-            started = proc.started_at(self.wrapper) if self.wrapper else None
-            return {
-                "pane": self.pane,
-                "window": self.window,
-                "session": self.session,
-                "pid": self.wrapper,
-                "pid_started_at": started,
-                "token": self.token,
-                # not known, or ended: a restarted daemon goes by the attempt's pid file
-                "dead": started is None,
-            }
-        started = None if self.dead else proc.started_at(self.pid)
+        # a reused pane: the attempt's process is the wrapper its loop started (not known, or
+        # ended: "dead", and a restarted daemon goes by the attempt's pid file)
+        pid = self.wrapper if self.fifo else self.pid
+        started = proc.started_at(pid) if pid and (self.fifo or not self.dead) else None
         return {
             "pane": self.pane,
             "window": self.window,
             "session": self.session,
-            "pid": self.pid,
+            "pid": pid,
             "pid_started_at": started,
             "token": self.token,
-            "dead": self.dead or started is None,
+            "dead": started is None,
         }
 
 

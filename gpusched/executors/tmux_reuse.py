@@ -36,7 +36,15 @@ from dataclasses import dataclass
 from gpusched import proc
 from gpusched.attempt import EXIT, AttemptPaths
 from gpusched.errors import CommandFailed
-from gpusched.executors import TOKEN_ENV, WRAPPER, Handle, LaunchRequest, LaunchUncertain, env_setting
+from gpusched.executors import (
+    TOKEN_ENV,
+    WRAPPER,
+    Handle,
+    LaunchRequest,
+    LaunchUncertain,
+    begin_finish,
+    env_setting,
+)
 from gpusched.executors.subprocess import ANSWER_S, runner_line  # (a pane's loop has as long as the runner)
 from gpusched.executors.tmux import (
     KEEP_WINDOWS,
@@ -180,12 +188,7 @@ class TmuxReuseExecutor(TmuxExecutor):
     # ------------------------------------------------------------------ launching
 
     def launch(self, req: LaunchRequest) -> Handle:
-        assert not self._pending, "launch() between begin() and finish()"
-        self.begin(req)
-        (result,) = self.finish()
-        if isinstance(result, Exception):
-            raise result
-        return result
+        return begin_finish(self, req)
 
     def launch_many(self, reqs: Sequence[LaunchRequest]) -> list[Handle | Exception]:
         """:meth:`begin` each, then :meth:`finish`."""
