@@ -22,6 +22,12 @@ while read -r tok until line <&7; do
     (eval "$line" && . "$wrap") 7<&- & # (3)
     printf '%s %s\n' "$tok" "$!" 1<>"$answers"
     fg >/dev/null # (4)
+    while kill -0 "$!" 2>/dev/null; do # (6)
+        printf '\n[gpusched] a Ctrl-Z does not pause a job: it goes on (gpusched cancel stops it)\n'
+        fg >/dev/null 2>&1
+        [ $? -eq 2 ] && break
+    done
+    kill -s HUP -- "-$!" 2>/dev/null # (7)
 done
 exit 0
 
@@ -51,3 +57,11 @@ exit 0
 #     this loop reaches late (it was busy, or stopped) is one the executor has given up
 #     waiting for, and the scheduler may have requeued its attempt as never started: run now,
 #     it would run twice.
+# (6) `fg` also returns when the job stops (a Ctrl-Z in the pane): it is sent on again, as tmux
+#     does with a pane's own process, so that no job sits stopped all night on its GPU with
+#     nothing to resume it. The wrapper still being there is what tells a stop from an end
+#     (once ended, `fg` has reaped it); a `fg` that finds no job (2) ends the loop whatever
+#     the pid now names.
+# (7) What is left of the job's group (a helper started with `&`) is hung up once the wrapper
+#     has exited, as the kernel does when a window's wrapper, its terminal's session leader,
+#     exits: it does not run on into the next job's screen. The wrapper's tee ignores it.

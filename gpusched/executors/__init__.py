@@ -101,13 +101,18 @@ def attempt_alive(handle: Handle) -> bool:
 def signal_attempt(handle: Handle, *, force: bool = False) -> None:
     """SIGTERM (SIGKILL when ``force``) the attempt's process group, and each of its strays
     once (a group member is not signalled twice: a trainer may take a second SIGTERM as
-    "stop now, skip the checkpoint"). Nothing when all is gone."""
-    sig = signal.SIGKILL if force else signal.SIGTERM
+    "stop now, skip the checkpoint"). Nothing when all is gone. A SIGTERM is followed by a
+    SIGCONT, as a shell's ``kill`` of a stopped job does: a job stopped by a Ctrl-Z in its
+    pane or a ``kill -STOP`` would otherwise keep its SIGTERM pending and save nothing until
+    the grace's SIGKILL; a running job ignores it."""
+    sigs = (signal.SIGKILL,) if force else (signal.SIGTERM, signal.SIGCONT)
     pid = handle.get("pid")
     if pid is not None and proc.group_alive(pid, handle.get("pid_started_at")):
-        proc.signal_group(pid, sig)
+        for sig in sigs:
+            proc.signal_group(pid, sig)
     for p in strays(handle):
-        proc.signal_pid(p, sig)
+        for sig in sigs:
+            proc.signal_pid(p, sig)
 
 
 def _pgid(pid: int) -> int | None:

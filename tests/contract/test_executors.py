@@ -15,6 +15,7 @@ import shlex
 import shutil
 import signal
 import stat
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -175,6 +176,12 @@ def tmux_bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
     yield from _tmux_bench("tmux", tmp_path_factory)
 
 
+@pytest.fixture(params=["tmux", "tmux-reuse"])
+def pane_bench(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
+    """What a job in a pane sees, in a window of its own and in a reused pane alike."""
+    yield from _tmux_bench(request.param, tmp_path_factory)
+
+
 def exited(paths: AttemptPaths) -> dict[str, object]:
     """exit.json once the wrapper has written it (polled: it is one short write, so a reader
     may see it created but still empty)."""
@@ -273,6 +280,32 @@ def test_a_cancelled_job_finishes_saving_and_its_last_words_are_logged(bench: Be
     retry_until(lambda: not bench.ex.alive(h))
     log = paths.output.read_text()
     assert "caught SIGTERM, saving" in log and "saved" in log
+
+
+def test_a_cancelled_job_that_was_stopped_wakes_and_saves(bench: Bench) -> None:
+    """A job stopped by a ``kill -STOP`` (or a Ctrl-Z in a reused pane that did not go on at
+    once) keeps a SIGTERM pending: without a SIGCONT it would save nothing and end only at
+    the grace's SIGKILL. A cancel wakes it, and it stops as it would have running. (The
+    wrapper is left running: tmux goes on with a pane's process that stops, and its group.)"""
+    h, paths, _ = bench.launch(SAVES_ON_TERM)
+    retry_until((paths.dir / "started").exists)
+    job = [p for p in proc.group_members(h["pid"]) if p != h["pid"]]
+    assert job
+    for p in job:
+        proc.signal_pid(p, signal.SIGSTOP)
+    retry_until(lambda: all(_state(p) == "T" for p in job))
+    bench.ex.terminate(h)
+    assert exited(paths)["signal"] == 15
+    assert (paths.dir / "checkpoint").read_text() == "ok\n"
+    retry_until(lambda: not bench.ex.alive(h))
+
+
+def _state(pid: int) -> str:
+    """A process's state letter from /proc (T: stopped); "" once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return ""
 
 
 def test_terminate_reaches_a_process_that_left_the_group(bench: Bench) -> None:
@@ -385,11 +418,11 @@ def test_job_runs_in_its_workdir_and_never_elsewhere(bench: Bench) -> None:
     assert not list(bench.root.rglob("ran-anyway"))
 
 
-def test_tmux_pane_opens_in_the_workdir(tmux_bench: Bench) -> None:
+def test_tmux_pane_opens_in_the_workdir(pane_bench: Bench) -> None:
     """The pane starts in the job's workdir, so a user who attaches lands there."""
-    wd = tmux_bench.root / "work dir"
+    wd = pane_bench.root / "work dir"
     wd.mkdir()
-    _, paths, _ = tmux_bench.launch("pwd -P\n", workdir=wd)
+    _, paths, _ = pane_bench.launch("pwd -P\n", workdir=wd)
     assert exited(paths)["exit_code"] == 0
     assert str(wd.resolve()) in paths.output.read_text().splitlines()
 
@@ -457,11 +490,11 @@ def test_dead_pane_stays_with_the_exit_line(tmux_bench: Bench) -> None:
     assert found[req.token]["pane"] == h["pane"]
 
 
-def test_a_pane_tees_the_job_s_output_through_its_attempt_folder_s_hidden_fifo(tmux_bench: Bench) -> None:
+def test_a_pane_tees_the_job_s_output_through_its_attempt_folder_s_hidden_fifo(pane_bench: Bench) -> None:
     """The executor makes ``.output.pipe`` before the pane starts, and the wrapper's tee reads
     the job's output from it (two processes fewer a job than a pipeline): the output reaches
     both the log and the pane, the exit code is the job's."""
-    h, paths, _ = tmux_bench.launch(GATED)
+    h, paths, _ = pane_bench.launch(GATED)
     assert stat.S_ISFIFO(os.stat(paths.dir / ".output.pipe").st_mode)
     retry_until((paths.dir / "started").exists)
     tee = retry_until(lambda: [c for c in psutil.Process(h["pid"]).children() if c.name() == "tee"])
@@ -469,10 +502,10 @@ def test_a_pane_tees_the_job_s_output_through_its_attempt_folder_s_hidden_fifo(t
     (paths.dir / "gate").touch()
     assert exited(paths)["exit_code"] == 0
     assert paths.output.read_text().splitlines() == ["done"]
-    retry_until(lambda: "done" in tmux_bench.tx.capture(h, lines=50))
+    retry_until(lambda: "done" in pane_bench.tx.capture(h, lines=50))
 
 
-def test_a_ctrl_c_in_the_pane_lets_the_job_save_and_log_as_it_stops(tmux_bench: Bench) -> None:
+def test_a_ctrl_c_in_the_pane_lets_the_job_save_and_log_as_it_stops(pane_bench: Bench) -> None:
     """Ctrl-C in an attached pane interrupts the whole group. The job's command gets to finish
     what it does on SIGINT (a trainer's ``except KeyboardInterrupt: save()``), what it prints
     meanwhile reaches output.log, exit.json has its status, and a helper it started with `&`
@@ -484,10 +517,10 @@ def test_a_ctrl_c_in_the_pane_lets_the_job_save_and_log_as_it_stops(tmux_bench: 
         'sh -c \'trap "echo stopping: saving step 7; sleep 0.2; echo ok > $0/checkpoint; exit 130" INT\n'
         'echo started > "$0/started"; while [ ! -e "$0/gate" ]; do sleep 0.02; done\' "@DIR@"\n'
     )
-    h, paths, _ = tmux_bench.launch(job)
+    h, paths, _ = pane_bench.launch(job)
     retry_until((paths.dir / "started").exists)
     helper = int(retry_until(lambda: (paths.dir / "helper.pid").read_text().strip()))
-    tmux_bench.tmux("send-keys", "-t", h["pane"], "C-c")
+    pane_bench.tmux("send-keys", "-t", h["pane"], "C-c")
     rec = exited(paths)
     assert rec["exit_code"] == 130 and rec["signal"] == 2
     assert (paths.dir / "checkpoint").read_text() == "ok\n"
@@ -495,10 +528,38 @@ def test_a_ctrl_c_in_the_pane_lets_the_job_save_and_log_as_it_stops(tmux_bench: 
     # might hold the output open for good; the wrapper's exit hangs it up, as a pane's does)
     retry_until(lambda: "stopping: saving step 7" in paths.output.read_text())
     retry_until(lambda: not running(helper))
-    retry_until(lambda: not tmux_bench.ex.alive(h))
+    retry_until(lambda: not pane_bench.ex.alive(h))
 
 
-def test_a_job_that_ignores_a_hangup_runs_on_and_ends_with_its_own_status(tmux_bench: Bench) -> None:
+def test_a_ctrl_z_in_the_pane_does_not_leave_the_job_stopped(pane_bench: Bench) -> None:
+    """A Ctrl-Z in an attached pane must not leave the job stopped, holding its GPU all night
+    with no shell prompt there to ``fg`` it from. In a window of its own the job's group has
+    no parent in its session (tmux started the wrapper), so the kernel does not stop it; in a
+    reused pane the loop's job control does, and the loop sends the job on at once and says so.
+    Either way the job reads what is typed next and ends as it would have."""
+    b = pane_bench
+    job = (  # (dash runs no trap on SIGCONT)
+        f"{shlex.quote(sys.executable)} -c 'import signal, sys\n"
+        'signal.signal(signal.SIGCONT, lambda *_: open(sys.argv[1] + "/continued", "w").close())\n'
+        'open(sys.argv[1] + "/started", "w").close()\n'
+        'print("read", sys.stdin.readline().strip())\' "@DIR@"\n'
+    )
+    h, paths, _ = b.launch(job)
+    retry_until((paths.dir / "started").exists)
+    b.tmux("send-keys", "-t", h["pane"], "C-z")
+    b.tmux("send-keys", "-t", h["pane"], "go", "Enter")
+    assert exited(paths)["exit_code"] == 0
+    assert "read go" in paths.output.read_text()
+    if b.kind == "tmux":
+        assert not (paths.dir / "continued").exists()  # never stopped
+    else:
+        assert (paths.dir / "continued").exists()
+        retry_until(lambda: "a Ctrl-Z does not pause a job" in b.tx.capture(h, lines=50))
+        h2, p2, _ = b.launch(EXIT3)
+        assert h2["pane"] == h["pane"] and exited(p2)["exit_code"] == 3
+
+
+def test_a_job_that_ignores_a_hangup_runs_on_and_ends_with_its_own_status(pane_bench: Bench) -> None:
     """A hangup of the pane's group (a closed terminal) stops what does not ignore it; a job
     that does (``nohup``) runs on, its output still logged, and its attempt ends when it ends,
     with its own exit code. (The subshell running launch.sh died of the hangup at once: the
@@ -507,7 +568,7 @@ def test_a_job_that_ignores_a_hangup_runs_on_and_ends_with_its_own_status(tmux_b
         'nohup sh -c \'echo started > "$0/started"; '
         'while [ ! -e "$0/gate" ]; do sleep 0.02; done; echo done\' "@DIR@"\n'
     )
-    h, paths, _ = tmux_bench.launch(job)
+    h, paths, _ = pane_bench.launch(job)
     retry_until((paths.dir / "started").exists)
     os.killpg(h["pid"], signal.SIGHUP)
     assert retry_until(lambda: proc.group_alive(h["pid"], h["pid_started_at"]))
@@ -535,12 +596,12 @@ def test_the_wrapper_tees_without_the_fifo_too(tmp_path: Path) -> None:
     assert not paths.pipe.exists()
 
 
-def test_terminated_pane_says_signal_15(tmux_bench: Bench) -> None:
-    h, paths, _ = tmux_bench.launch(GATED)
+def test_terminated_pane_says_signal_15(pane_bench: Bench) -> None:
+    h, paths, _ = pane_bench.launch(GATED)
     retry_until((paths.dir / "started").exists)
-    tmux_bench.ex.terminate(h)
+    pane_bench.ex.terminate(h)
     assert exited(paths)["signal"] == 15
-    retry_until(lambda: "signal=15" in tmux_bench.tx.capture(h))
+    retry_until(lambda: "signal=15" in pane_bench.tx.capture(h))
 
 
 def test_relaunch_replaces_the_jobs_window(tmux_bench: Bench) -> None:
