@@ -9,6 +9,10 @@ and ``--gpu-plan 1,1,...``; every job is ``true <its config.yaml>``, with its at
 directory, config, log and exit.json written as for a real job. The others run ``true``.
 A tool that is not installed is reported as such, not failed.
 
+Every row starts cold (gpusched's ``submit`` starts its daemon, the first ``tsp`` its server)
+except the two "warm" rows, whose daemon or server was started before the clock, as both stay
+up between a user's nights: their "vs tsp" is against each other.
+
 Two "floor" rows run gpusched's own per-job work without its scheduler (the same attempt
 directories and wrapper, started by the same executors, refilled on the same FIFO pokes, but
 no SQLite, placement or ticks): the gap between a floor and gpusched's row is the scheduler's
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import itertools
 import os
 import shutil
@@ -39,11 +44,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import Sandbox, Span, Took, daemon_pid, machine, median, sandbox, table
 
 
-def gpusched(backend: str, **extra: str) -> Callable[[int, int], Took]:
+def gpusched(backend: str, *, warm: bool = False, **extra: str) -> Callable[[int, int], Took]:
+    """gpusched's row; ``warm``: its daemon started (``daemon start``) before the clock, as it
+    runs on every night after a user's first (it stays up until ``daemon stop``)."""
+
     def run(n: int, slots: int) -> Took:
         with sandbox() as sb:
             sb.write_plan("noop", n)
             env = sb.env(GPUSCHED_FAKE_GPUS=f"{slots}x24GiB", **extra)
+            if warm:
+                sb.cli("daemon", "start", env=env)
             span = Span()
             plan = ",".join("1" * slots)
             sb.cli("submit", "--suite", "noop", "--gpu-plan", plan, "--backend", backend, env=env)
@@ -225,7 +235,9 @@ def _tsp_binary() -> str | None:
     return shutil.which("tsp")
 
 
-def tsp(n: int, slots: int) -> Took:
+def tsp(n: int, slots: int, *, warm: bool = False) -> Took:
+    """task-spooler's row: its server started inside the clock (the first ``tsp`` call starts
+    it), or, ``warm``, before it."""
     binary = _tsp_binary()
     with sandbox() as sb:
         env = {
@@ -235,6 +247,8 @@ def tsp(n: int, slots: int) -> Took:
             "TS_MAXFINISHED": str(n + 10),
         }
         try:
+            if warm:
+                subprocess.run([binary, "-S", str(slots)], env=env, check=True, capture_output=True)
             span = Span()
             subprocess.run([binary, "-S", str(slots)], env=env, check=True, capture_output=True)
             loop = f'i=0; while [ $i -lt {n} ]; do "$0" true >/dev/null; i=$((i+1)); done'
@@ -281,6 +295,14 @@ TOOLS: dict[str, tuple[Callable[[int, int], Took], Callable[[], bool]]] = {
     ),
     "floor: a tmux window per job, nothing else": (tmux_alone, lambda: bool(shutil.which("tmux"))),
     "task-spooler (tsp -S 16)": (tsp, lambda: _tsp_binary() is not None),
+    "warm: gpusched (subprocess), its daemon already running": (
+        gpusched("subprocess", warm=True),
+        lambda: True,
+    ),
+    "warm: task-spooler, its server already running": (
+        functools.partial(tsp, warm=True),
+        lambda: _tsp_binary() is not None,
+    ),
     "GNU parallel -j16": (parallel, lambda: bool(shutil.which("parallel"))),
     "simple-gpu-scheduler": (simple_gpu_scheduler, lambda: _has_module("simple_gpu_scheduler")),
 }
@@ -320,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name}: {walls} s; CPU {', '.join(f'{t.cpu_s:.2f}' for t in took)} core-s", file=sys.stderr)
     results = {name: results[name] for name in TOOLS if name in results}  # the table in TOOLS' order
     ref = {k: v.wall_s for k, v in results.items() if isinstance(v, Took)}
-    tsp_t = next((v for k, v in ref.items() if k.startswith("task-spooler")), None)
+    tsp_cold = next((v for k, v in ref.items() if k.startswith("task-spooler")), None)
+    tsp_warm = next((v for k, v in ref.items() if k.startswith("warm: task-spooler")), None)
     par_t = next((v for k, v in ref.items() if k.startswith("GNU parallel")), None)
     rows = []
     for name, took in results.items():
@@ -328,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append([name, took, "", "", "", "", ""])
             continue
         t = took.wall_s
+        tsp_t = tsp_warm if name.startswith("warm:") else tsp_cold  # (warm against warm)
         rows.append(
             [
                 name,

@@ -382,7 +382,7 @@ def _submit(
 ) -> int:
     from gpusched import daemon, flags, plan
     from gpusched.attempt import write_env_snapshot
-    from gpusched.executors.select import check_backend, default_backend
+    from gpusched.cli_common import check_backend, default_backend
     from gpusched.gpus.select import make_probe
 
     whole = plan.load_suite(args.suite, cwd=cwd, name=args.name)

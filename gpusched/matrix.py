@@ -117,11 +117,14 @@ def matrix_jobs(
         where = w.at("pairs") if key == "pairs" else wj.at(key)
         _check_template(where, template, names)
     jobs, pairs = [], {}
+    at = {key: wj.at(key) for key in _JOB_BLOCK_KEYS}  # (once, not for each of thousands of points)
+    wp = w.at("pairs")
     for point in itertools.product(*matrix.values()):
         values = dict(zip(names, point, strict=True))
-        job = _matrix_job(wj, templates, values, suite)
-        jobs.append((job, f"matrix point {_point(values)}"))
-        pairs[job.name] = str(_render(w.at("pairs"), templates["pairs"], values))
+        origin = _point(values)
+        job = _matrix_job(at, templates, values, suite, origin)
+        jobs.append((job, f"matrix point {origin}"))
+        pairs[job.name] = str(_render(wp, templates["pairs"], values))
     return jobs, pairs
 
 
@@ -133,17 +136,20 @@ def pairs_template(w: yf.Where, raw: Mapping[str, Any], matrix: dict[str, list[A
     return yf.text(w.at("pairs"), raw["pairs"], 'pairs: "{seed}:{task}"')
 
 
-def _matrix_job(wj: yf.Where, t: Mapping[str, Any], values: dict[str, Any], suite: str) -> JobSpec:
-    name = str(_render(wj.at("name"), t["name"], values))
-    _check_job_name(wj.at("name"), name, _point(values))
-    task = name if t["task"] is None else _task(wj.at("task"), _render(wj.at("task"), t["task"], values))
+def _matrix_job(
+    at: Mapping[str, yf.Where], t: Mapping[str, Any], values: dict[str, Any], suite: str, origin: str
+) -> JobSpec:
+    """The job of one matrix point; ``at``: where each of ``job:``'s fields is."""
+    name = str(_render(at["name"], t["name"], values))
+    _check_job_name(at["name"], name, origin)
+    task = name if t["task"] is None else _task(at["task"], _render(at["task"], t["task"], values))
     return JobSpec(
         suite=suite,
         name=name,
         task=task,
-        config=yf.config(wj.at("config"), _render(wj.at("config"), t["config"], values)),
-        env=yf.strict_env(wj.at("env"), _render(wj.at("env"), t["env"], values)),
-        priority=_priority(wj.at("priority"), _render(wj.at("priority"), t["priority"], values)),
+        config=yf.config(at["config"], _render(at["config"], t["config"], values)),
+        env=yf.strict_env(at["env"], _render(at["env"], t["env"], values)),
+        priority=_priority(at["priority"], _render(at["priority"], t["priority"], values)),
     )
 
 

