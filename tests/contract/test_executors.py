@@ -293,19 +293,11 @@ def test_a_cancelled_job_that_was_stopped_wakes_and_saves(bench: Bench) -> None:
     assert job
     for p in job:
         proc.signal_pid(p, signal.SIGSTOP)
-    retry_until(lambda: all(_state(p) == "T" for p in job))
+    retry_until(lambda: all((proc._stat(p) or ("",))[0] == "T" for p in job))  # (T: stopped)
     bench.ex.terminate(h)
     assert exited(paths)["signal"] == 15
     assert (paths.dir / "checkpoint").read_text() == "ok\n"
     retry_until(lambda: not bench.ex.alive(h))
-
-
-def _state(pid: int) -> str:
-    """A process's state letter from /proc (T: stopped); "" once it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except OSError:
-        return ""
 
 
 def test_terminate_reaches_a_process_that_left_the_group(bench: Bench) -> None:
