@@ -22,14 +22,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, Any
 
 from gpusched.errors import CommandFailed
+from gpusched.procfs import _HAVE_PROC, SAME_START_S, _stat, started_at
 
 log = logging.getLogger(__name__)
-
-#: Two start times closer than this name the same process. ``/proc`` gives a start in clock
-#: ticks after boot, and the kernel's boot time is whole seconds (up to 1 s off); a wrapper's
-#: own clock reading comes a little after its fork, later still under load. A PID reused
-#: within 3 s of the recorded start is far rarer than either error.
-SAME_START_S = 3.0
 
 #: Children started by :func:`spawn` that may not have been reaped yet, by pid.
 _children: dict[int, Child] = {}
@@ -199,59 +194,6 @@ def reap() -> None:
 
 
 # ---------------------------------------------------------------------- process facts
-
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
-_HAVE_PROC = os.path.isdir("/proc/self")
-_boot_time: float | None = None
-
-
-def _boot() -> float:
-    """When this machine booted (epoch seconds): ``btime`` of /proc/stat, which is what psutil
-    reads on Linux, without importing psutil at a daemon's first launch; elsewhere psutil's."""
-    global _boot_time
-    if _boot_time is None:
-        try:
-            with open("/proc/stat", "rb") as f:
-                _boot_time = next(float(line.split()[1]) for line in f if line.startswith(b"btime "))
-        except (OSError, StopIteration, IndexError, ValueError):
-            import psutil
-
-            _boot_time = psutil.boot_time()
-    return _boot_time
-
-
-def _stat(pid: int) -> tuple[str, float] | None:
-    """(state letter, start time) of ``pid`` from /proc/PID/stat; None when no such entry.
-    One small read: microseconds, which is why ``alive`` checks need no psutil."""
-    try:
-        with open(f"/proc/{int(pid)}/stat", "rb") as f:
-            data = f.read()
-    except (OSError, ValueError):
-        return None if _HAVE_PROC else _stat_psutil(pid)
-    rest = data[data.rfind(b")") + 2 :].split()  # the name (field 2) may contain spaces
-    return rest[0].decode(), _boot() + int(rest[19]) / _CLK_TCK
-
-
-def _stat_psutil(pid: int) -> tuple[str, float] | None:  # pragma: no cover - no /proc
-    import psutil
-
-    try:
-        p = psutil.Process(pid)
-        with p.oneshot():
-            state = "Z" if p.status() == psutil.STATUS_ZOMBIE else "R"
-            return state, p.create_time()
-    except psutil.Error:
-        return None
-
-
-def started_at(pid: int, *, zombies: bool = False) -> float | None:
-    """Start time (epoch seconds) of the running process ``pid``; None when there is none
-    (gone, or a zombie: it has exited; ``zombies=True`` answers for those too, e.g. to
-    record a just-spawned child that has already ended)."""
-    st = _stat(pid)
-    if st is None or (st[0] in ("Z", "X") and not zombies):
-        return None
-    return st[1]
 
 
 def is_alive(pid: int | None, started: float | None) -> bool:

@@ -38,10 +38,10 @@ _LAST_TIER = "FROM temp.shown_tier l WHERE l.suite = j.suite AND l.idx = -1"
 
 #: The keys of a ``status --json`` job entry (views.py documents them), in order, each with the
 #: SQL that builds it from a job and its newest attempt (``a``), the tier names of its suite
-#: (``t``) and, for a queued job, its group's prediction (``p``). ``last_line`` and ``quiet_s``
-#: (a running job's last log line, and how long ago its log last grew) are filled in by the
-#: caller; ``slurm`` carries a Slurm attempt's job id. A job's tier past its suite's last (a
-#: plan that lost tiers) shows the last one's name.
+#: (``t``) and, for a queued job, its group's prediction (``p``). ``last_line``, ``quiet_s`` and
+#: ``suspended`` (a running job's last log line, how long ago its log last grew, and its
+#: stopped processes) are filled in by the caller; ``slurm`` carries a Slurm attempt's job
+#: id. A job's tier past its suite's last (a plan that lost tiers) shows the last one's name.
 ENTRY_FIELDS: dict[str, str] = {
     "id": "j.id",
     "suite": "j.suite",
@@ -74,6 +74,7 @@ ENTRY_FIELDS: dict[str, str] = {
     "start_tier": "p.start_tier",
     "last_line": "NULL",
     "quiet_s": "NULL",
+    "suspended": "NULL",
     # why gpusched is stopping a running job at a suite limit (a lookup for running jobs only)
     "stopping": "CASE WHEN j.state = 'running'"
     " THEN (SELECT s.reason FROM stops s WHERE s.attempt_id = a.id) END",

@@ -224,11 +224,33 @@ def _complete_running(
         if d["log"] is not None:
             d["last_line"] = _last_line(os.path.dirname(d["log"]))
             d["quiet_s"] = _quiet_s(d["log"], now)
+    _add_suspended(docs)
     if running is not None and docs:
         running(docs)
     for i, d in zip(at, docs, strict=True):
         entries[i] = json.dumps(d)
     return entries
+
+
+def _add_suspended(docs: list[dict[str, Any]]) -> None:
+    """``suspended`` of the running jobs whose processes run on this machine: the stopped
+    processes of each one's group (``[]`` when none is), from one scan of the process table.
+    A job someone stopped (``kill -STOP``, a Ctrl-Z where the shell stops it) holds its slot
+    and its GPU memory while it neither runs nor prints; only its silence would show it."""
+    from gpusched import procfs
+    from gpusched.home import this_host
+
+    here = this_host()
+    local = {
+        i: (h["pid"], h.get("pid_started_at"))
+        for i, d in enumerate(docs)
+        if isinstance(h := d.get("backend_handle"), dict) and h.get("host") == here and h.get("pid")
+    }
+    if not local:
+        return
+    stopped = procfs.stopped_in_groups(dict(local.values()))
+    for i, (pid, _) in local.items():
+        docs[i]["suspended"] = [{"pid": p, "name": name} for p, name in stopped.get(pid, ())]
 
 
 def _quiet_s(log: str, now: float) -> float | None:
@@ -518,6 +540,10 @@ def _job_cells(j: dict[str, Any]) -> list[tuple[str, str]]:
     why = j.get("last_line") if j["state"] == "running" else (j.get("reason") or "")
     if j["state"] == "running" and j.get("stopping"):
         why = f"stopping: {j['stopping']}"
+    elif j["state"] == "running" and j.get("suspended"):
+        pids = ", ".join(f"pid {p['pid']} ({p['name']})" for p in j["suspended"])
+        group = (j.get("backend_handle") or {}).get("pid")
+        why = f"suspended: {pids} stopped by a signal; kill -CONT -- -{group} resumes it"
     elif j["state"] == "running" and (j.get("quiet_s") or 0) >= QUIET_SHOWN_S:
         why = f"(no output for {int(j['quiet_s'] // 60)} min) {why or ''}"
     if j["state"] == "failed" and j.get("line") and j["line"] not in (j.get("reason") or ""):

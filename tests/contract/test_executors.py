@@ -25,7 +25,7 @@ from typing import Any
 import psutil
 import pytest
 
-from gpusched import proc
+from gpusched import proc, procfs
 from gpusched.attempt import AttemptPaths
 from gpusched.executors import WRAPPER, Executor, Handle, LaunchRequest
 from gpusched.executors import tmux as tmux_mod
@@ -40,7 +40,7 @@ from gpusched.executors.tmux import (
 )
 from gpusched.executors.tmux_control import ControlClient
 from gpusched.executors.tmux_reuse import TmuxReuseExecutor
-from gpusched.home import Home
+from gpusched.home import Home, this_host
 from tests.helpers import retry_until
 
 HAVE_TMUX = shutil.which("tmux") is not None
@@ -285,7 +285,8 @@ def test_a_cancelled_job_finishes_saving_and_its_last_words_are_logged(bench: Be
 def test_a_cancelled_job_that_was_stopped_wakes_and_saves(bench: Bench) -> None:
     """A job stopped by a ``kill -STOP`` (or a Ctrl-Z in a reused pane that did not go on at
     once) keeps a SIGTERM pending: without a SIGCONT it would save nothing and end only at
-    the grace's SIGKILL. A cancel wakes it, and it stops as it would have running. (The
+    the grace's SIGKILL. ``status`` finds it suspended; a cancel wakes it, and it stops as it
+    would have running. (The
     wrapper is left running: tmux goes on with a pane's process that stops, and its group.)"""
     h, paths, _ = bench.launch(SAVES_ON_TERM)
     retry_until((paths.dir / "started").exists)
@@ -294,6 +295,10 @@ def test_a_cancelled_job_that_was_stopped_wakes_and_saves(bench: Bench) -> None:
     for p in job:
         proc.signal_pid(p, signal.SIGSTOP)
     retry_until(lambda: all((proc._stat(p) or ("",))[0] == "T" for p in job))  # (T: stopped)
+    # what `status` shows as suspended: the handle names this machine and the job's group
+    assert h["host"] == this_host()
+    stopped = procfs.stopped_in_groups({h["pid"]: h["pid_started_at"]})
+    assert {pid for pid, _ in stopped[h["pid"]]} == set(job)
     bench.ex.terminate(h)
     assert exited(paths)["signal"] == 15
     assert (paths.dir / "checkpoint").read_text() == "ok\n"

@@ -766,14 +766,14 @@ def test_the_host_memory_and_boot_time_read_from_proc_are_psutils() -> None:
     is counted from it) from /proc instead of importing psutil: the same numbers psutil gives."""
     import psutil
 
-    from gpusched import memwatch, proc
+    from gpusched import memwatch, proc, procfs
 
     host = memwatch.host_memory()
     vm = psutil.virtual_memory()
     assert host.total_mib == vm.total >> 20
     assert host.available_mib is not None and abs(host.available_mib - (vm.available >> 20)) < 256
-    proc._boot_time = None
-    assert proc._boot() == psutil.boot_time()
+    procfs._boot_time = None
+    assert procfs._boot() == psutil.boot_time()
     assert proc.started_at(os.getpid()) == pytest.approx(psutil.Process().create_time(), abs=0.01)
 
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from msgspec.structs import replace
@@ -27,7 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 JOB_KEYS = (
     "id", "suite", "name", "state", "tier", "tier_index", "attempt", "gpu", "outcome", "reason", "line",
     "log", "runtime_s", "started_at", "ended_at", "predicted_mib", "prediction_source", "peak_mib",
-    "cancel_requested", "backend_handle", "tiers", "start_tier", "last_line", "quiet_s", "stopping", "slurm",
+    "cancel_requested", "backend_handle", "tiers", "start_tier", "last_line", "quiet_s", "suspended",
+    "stopping", "slurm",
 )  # fmt: skip
 
 
@@ -239,6 +241,63 @@ def test_a_slurm_attempt_shows_its_slurm_job_and_running_ones_what_the_cli_adds(
     assert jobs[suite.jobs[1].id]["slurm"] == {"job_id": 41}  # ended: not asked of Slurm
     assert jobs[suite.jobs[1].id]["runtime_s"] == 3.0
     assert jobs[suite.jobs[2].id]["slurm"] is None
+
+
+def test_a_running_job_someone_stopped_is_shown_suspended_until_it_goes_on(tmp_path: Path) -> None:
+    """A job stopped by a signal (``kill -STOP``) neither runs nor prints but holds its slot and
+    its memory: status names its stopped processes and how to resume them, instead of a quiet
+    job that looks hung. Real processes: a group of this machine's, stopped and continued;
+    a job on another machine is not looked for here."""
+    import signal
+
+    from gpusched.home import this_host
+    from gpusched.store import NewAttempt, Store
+
+    store = Store(tmp_path / "db.sqlite")
+    suite = mixed_suite(tmp_path)
+    store.submit(
+        suite, GpuPlan(gpus=(0,), slots=(2,)), backend="subprocess", cwd=str(tmp_path), env_path=None
+    )
+    job = subprocess.Popen(["sleep", "60"], start_new_session=True)  # leads its own group, as a wrapper does
+    try:
+        handles = [
+            {"pid": job.pid, "pid_started_at": time.time(), "token": "t0", "host": this_host()},
+            {"pid": job.pid, "pid_started_at": time.time(), "token": "t1", "host": "another-box"},
+        ]
+        for k, handle in enumerate(handles):
+            new = NewAttempt(
+                job_id=suite.jobs[k].id, tier=0, tier_name="A", gpu=0, gpu_uuid=None, backend="subprocess",
+                dir=str(tmp_path / suite.jobs[k].name), token=f"t{k}", placement_reason="test",
+            )  # fmt: skip
+            store.mark_running(store.begin_attempt(new, now=1.0), handle, now=2.0)
+
+        def shown() -> tuple[dict[str, Any], dict[str, Any], str]:
+            doc = status(store, [], daemon=None).doc()
+            jobs = {j["id"]: j for j in doc["jobs"]}
+            return jobs[suite.jobs[0].id], jobs[suite.jobs[1].id], format_status(doc, width=None)
+
+        here, there, _ = shown()
+        assert here["suspended"] == [] and there["suspended"] is None
+        job.send_signal(signal.SIGSTOP)
+        assert os.WIFSTOPPED(os.waitpid(job.pid, os.WUNTRACED)[1])  # stopped now, not soon
+        here, there, text = shown()
+        assert here["suspended"] == [{"pid": job.pid, "name": "sleep"}] and there["suspended"] is None
+        assert (
+            f"suspended: pid {job.pid} (sleep) stopped by a signal; kill -CONT -- -{job.pid} resumes it"
+            in text
+        )
+        assert text.count("suspended:") == 1
+        job.send_signal(signal.SIGCONT)
+        assert os.WIFCONTINUED(os.waitpid(job.pid, os.WCONTINUED)[1])
+        here, _, text = shown()
+        assert here["suspended"] == [] and "suspended" not in text
+        assert status(store, [], daemon=None, fields=("id", "suspended")).doc()["jobs"][0] == {
+            "id": suite.jobs[0].id,
+            "suspended": [],
+        }
+    finally:
+        job.kill()
+        job.wait()
 
 
 def test_queued_jobs_get_the_prediction_demands_gives_each_of_them(tmp_path: Path) -> None:

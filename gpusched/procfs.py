@@ -1,0 +1,100 @@
+"""What /proc says of a process: its state, its start (which, with its pid, names it across
+PID reuse) and its group's stopped members. Reads only: no subprocess, no logging, so that
+``status`` can ask without importing what :mod:`gpusched.proc` needs to run and signal
+processes (which re-exports these)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+#: Two start times closer than this name the same process. ``/proc`` gives a start in clock
+#: ticks after boot, and the kernel's boot time is whole seconds (up to 1 s off); a wrapper's
+#: own clock reading comes a little after its fork, later still under load. A PID reused
+#: within 3 s of the recorded start is far rarer than either error.
+SAME_START_S = 3.0
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+_HAVE_PROC = os.path.isdir("/proc/self")
+_boot_time: float | None = None
+
+
+def _boot() -> float:
+    """When this machine booted (epoch seconds): ``btime`` of /proc/stat, which is what psutil
+    reads on Linux, without importing psutil at a daemon's first launch; elsewhere psutil's."""
+    global _boot_time
+    if _boot_time is None:
+        try:
+            with open("/proc/stat", "rb") as f:
+                _boot_time = next(float(line.split()[1]) for line in f if line.startswith(b"btime "))
+        except (OSError, StopIteration, IndexError, ValueError):
+            import psutil
+
+            _boot_time = psutil.boot_time()
+    return _boot_time
+
+
+def _stat(pid: int) -> tuple[str, float] | None:
+    """(state letter, start time) of ``pid`` from /proc/PID/stat; None when no such entry.
+    One small read: microseconds, which is why ``alive`` checks need no psutil."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            data = f.read()
+    except (OSError, ValueError):
+        return None if _HAVE_PROC else _stat_psutil(pid)
+    rest = data[data.rfind(b")") + 2 :].split()  # the name (field 2) may contain spaces
+    return rest[0].decode(), _boot() + int(rest[19]) / _CLK_TCK
+
+
+def _stat_psutil(pid: int) -> tuple[str, float] | None:  # pragma: no cover - no /proc
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        with p.oneshot():
+            state = "Z" if p.status() == psutil.STATUS_ZOMBIE else "R"
+            return state, p.create_time()
+    except psutil.Error:
+        return None
+
+
+def started_at(pid: int, *, zombies: bool = False) -> float | None:
+    """Start time (epoch seconds) of the running process ``pid``; None when there is none
+    (gone, or a zombie: it has exited; ``zombies=True`` answers for those too, e.g. to
+    record a just-spawned child that has already ended)."""
+    st = _stat(pid)
+    if st is None or (st[0] in ("Z", "X") and not zombies):
+        return None
+    return st[1]
+
+
+def stopped_in_groups(groups: Mapping[int, float | None]) -> dict[int, list[tuple[int, str]]]:
+    """``leader -> [(pid, name), ...]``: the processes of each process group (its leader's pid
+    -> the leader's recorded start, None: unchecked) that are stopped (state ``T``: a SIGSTOP,
+    a Ctrl-Z), from ONE scan of /proc/PID/stat (state, group and name in one read each). A
+    group whose leader's pid now names another process (its start differs) is not ours and is
+    left out. Only groups with a stopped member are returned; {} where there is no /proc. A
+    process being traced (``t``: a debugger, py-spy) is not stopped in this sense."""
+    if not groups or not _HAVE_PROC:
+        return {}
+    found: dict[int, list[tuple[int, str]]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue  # gone meanwhile
+        close = data.rfind(b")")
+        state, _ppid, pgrp = data[close + 2 :].split(b" ", 3)[:3]
+        if state == b"T" and int(pgrp) in groups:
+            name = data[data.find(b"(") + 1 : close].decode(errors="replace")
+            found.setdefault(int(pgrp), []).append((int(entry), name))
+    return {
+        leader: members
+        for leader, members in found.items()
+        if (started := groups[leader]) is None
+        or (now := started_at(leader, zombies=True)) is None
+        or abs(now - started) <= SAME_START_S
+    }
