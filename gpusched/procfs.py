@@ -34,12 +34,21 @@ def _boot() -> float:
     return _boot_time
 
 
+def _read(path: str) -> bytes:
+    """A /proc file of one short line, in one read: without a Python file object, half the
+    cost of ``open().read()`` (a scan of the process table makes hundreds)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
 def _stat(pid: int) -> tuple[str, float] | None:
     """(state letter, start time) of ``pid`` from /proc/PID/stat; None when no such entry.
     One small read: microseconds, which is why ``alive`` checks need no psutil."""
     try:
-        with open(f"/proc/{int(pid)}/stat", "rb") as f:
-            data = f.read()
+        data = _read(f"/proc/{int(pid)}/stat")
     except (OSError, ValueError):
         return None if _HAVE_PROC else _stat_psutil(pid)
     rest = data[data.rfind(b")") + 2 :].split()  # the name (field 2) may contain spaces
@@ -82,8 +91,7 @@ def stopped_in_groups(groups: Mapping[int, float | None]) -> dict[int, list[tupl
         if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                data = f.read()
+            data = _read(f"/proc/{entry}/stat")
         except OSError:
             continue  # gone meanwhile
         close = data.rfind(b")")
