@@ -40,6 +40,7 @@ def fill(
     submitted, run and ended as if ``ago_s`` seconds ago."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from gpusched import flags, plan
+    from gpusched.home import this_host
     from gpusched.model import Classification, ExitRecord, Outcome, Step, StepKind
     from gpusched.store import NewAttempt, Store
 
@@ -73,7 +74,9 @@ def fill(
             ),
             now=now - 600 + k * 0.01,
         )
-        store.mark_running(aid, {"pid": 1, "pid_started_at": 0.0}, now=now - 600 + k * 0.01)
+        # this machine's, as a user's are: status scans the process table for stopped ones
+        handle = {"pid": 1, "pid_started_at": 0.0, "host": this_host()}
+        store.mark_running(aid, handle, now=now - 600 + k * 0.01)
         if k < succeeded + failed:
             bad = k >= succeeded
             rec = ExitRecord(exit_code=1 if bad else 0, started_at=now - 600 + k * 0.01, ended_at=now - 300)
