@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, Any
 
 from gpusched.errors import CommandFailed
-from gpusched.procfs import _HAVE_PROC, SAME_START_S, _stat, started_at
+from gpusched.procfs import _HAVE_PROC, SAME_START_S, _stat, in_groups, started_at
 
 log = logging.getLogger(__name__)
 
@@ -238,18 +238,21 @@ def group_members(pgid: int) -> list[int]:
         return []
     except PermissionError:
         pass  # it exists but belongs to someone else; list it anyway
+    if not _HAVE_PROC:
+        return _group_members_psutil(pgid)
+    return [pid for pid, state, _ in in_groups({pgid}).get(pgid, ()) if state not in ("Z", "X")]
+
+
+def _group_members_psutil(pgid: int) -> list[int]:  # pragma: no cover - no /proc
     import psutil
 
     members = []
     for pid in psutil.pids():
         try:
-            if os.getpgid(pid) != pgid:
-                continue
-        except OSError:
+            if os.getpgid(pid) == pgid and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                members.append(pid)
+        except (OSError, psutil.Error):
             continue
-        st = _stat(pid)
-        if st is not None and st[0] not in ("Z", "X"):
-            members.append(pid)
     return members
 
 

@@ -6,7 +6,7 @@ processes (which re-exports these)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 #: Two start times closer than this name the same process. ``/proc`` gives a start in clock
 #: ticks after boot, and the kernel's boot time is whole seconds (up to 1 s off); a wrapper's
@@ -77,16 +77,13 @@ def started_at(pid: int, *, zombies: bool = False) -> float | None:
     return st[1]
 
 
-def stopped_in_groups(groups: Mapping[int, float | None]) -> dict[int, list[tuple[int, str]]]:
-    """``leader -> [(pid, name), ...]``: the processes of each process group (its leader's pid
-    -> the leader's recorded start, None: unchecked) that are stopped (state ``T``: a SIGSTOP,
-    a Ctrl-Z), from ONE scan of /proc/PID/stat (state, group and name in one read each). A
-    group whose leader's pid now names another process (its start differs) is not ours and is
-    left out. Only groups with a stopped member are returned; {} where there is no /proc. A
-    process being traced (``t``: a debugger, py-spy) is not stopped in this sense."""
+def in_groups(groups: Collection[int]) -> dict[int, list[tuple[int, str, str]]]:
+    """``pgid -> [(pid, state letter, name), ...]``: every process (zombies too) of each of the
+    process groups ``groups``, from ONE scan of /proc/PID/stat (state, group and name in one
+    read each). Groups with no process are left out; {} where there is no /proc."""
     if not groups or not _HAVE_PROC:
         return {}
-    found: dict[int, list[tuple[int, str]]] = {}
+    found: dict[int, list[tuple[int, str, str]]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -96,13 +93,30 @@ def stopped_in_groups(groups: Mapping[int, float | None]) -> dict[int, list[tupl
             continue  # gone meanwhile
         close = data.rfind(b")")
         state, _ppid, pgrp = data[close + 2 :].split(b" ", 3)[:3]
-        if state == b"T" and int(pgrp) in groups:
+        if int(pgrp) in groups:
             name = data[data.find(b"(") + 1 : close].decode(errors="replace")
-            found.setdefault(int(pgrp), []).append((int(entry), name))
+            found.setdefault(int(pgrp), []).append((int(entry), state.decode(), name))
+    return found
+
+
+def stopped_in_groups(groups: Mapping[int, float | None]) -> dict[int, list[tuple[int, str]]]:
+    """``leader -> [(pid, name), ...]``: the processes of each process group (its leader's pid
+    -> the leader's recorded start, None: unchecked) that are stopped (state ``T``: a SIGSTOP,
+    a Ctrl-Z), from one scan (:func:`in_groups`). A group whose leader's pid now names another
+    process (its start differs) is not ours and is left out. Only groups with a stopped member
+    are returned. A process being traced (``t``: a debugger, py-spy) is not stopped in this
+    sense."""
+    stopped = {
+        leader: [(pid, name) for pid, state, name in members if state == "T"]
+        for leader, members in in_groups(groups).items()
+    }
     return {
         leader: members
-        for leader, members in found.items()
-        if (started := groups[leader]) is None
-        or (now := started_at(leader, zombies=True)) is None
-        or abs(now - started) <= SAME_START_S
+        for leader, members in stopped.items()
+        if members
+        and (
+            (started := groups[leader]) is None
+            or (now := started_at(leader, zombies=True)) is None
+            or abs(now - started) <= SAME_START_S
+        )
     }
