@@ -6,6 +6,8 @@
 fifo=$1
 answers=$2
 wrap=$3
+set -- --define
+. "$wrap" # (8)
 exec 7<>"$fifo" # (1)
 set -m
 case $- in
@@ -19,7 +21,7 @@ while read -r tok until line <&7; do
         continue
     fi
     printf '\033[0m\033[H\033[2J' # (2)
-    (eval "$line" && . "$wrap") 7<&- & # (3)
+    (eval "$line" && gpusched_wrap "$@") 7<&- & # (3)
     printf '%s %s\n' "$tok" "$!" 1<>"$answers"
     fg >/dev/null # (4)
     while kill -0 "$!" 2>/dev/null; do # (6)
@@ -46,7 +48,7 @@ exit 0
 #     showed scrolls into the pane's history), as a window of its own would give it.
 # (3) The line is `export NAME='value' ...; set -- 'ATTEMPT_DIR' tee`, every value quoted by the
 #     executor. The subshell, in the background at first, leads a process group of its own
-#     (job control), which a cancel signals without touching this shell; it sources the
+#     (job control), which a cancel signals without touching this shell; it runs the
 #     wrapper in "tee" mode, which shows the job's output here and appends it to output.log.
 #     The FIFO is not passed on to the job.
 # (4) The job is brought to the foreground: the terminal's keys reach its group (a Ctrl-C
@@ -65,3 +67,5 @@ exit 0
 # (7) What is left of the job's group (a helper started with `&`) is hung up once the wrapper
 #     has exited, as the kernel does when a window's wrapper, its terminal's session leader,
 #     exits: it does not run on into the next job's screen. The wrapper's tee ignores it.
+# (8) The wrapper's function, gpusched_wrap, defined once for every job of the pane
+#     (gpusched/wrap.sh, note 7).

@@ -3,7 +3,10 @@
 # (gpusched/executors/subprocess.py), which writes one line per attempt on its stdin and reads
 # the pid of that attempt's wrapper from its stdout. Notes at the end, after the last command.
 wrap=$1
-exec 9<>"$2" # (1)
+tty=$2
+set -- --define
+. "$wrap" # (5)
+exec 9<>"$tty" # (1)
 set -m
 exec 9>&-
 trap '' HUP
@@ -15,7 +18,7 @@ esac
 while :; do
     chld=
     if read -r line; then
-        (eval "$line" && . "$wrap") </dev/null >/dev/null & # (3)
+        (eval "$line" && gpusched_wrap "$@") </dev/null >/dev/null & # (3)
         echo "$!"
     elif [ -z "$chld" ]; then
         break # (4)
@@ -29,7 +32,7 @@ exit 0
 # Why it exists: starting `sh wrap.sh` for each attempt costs an exec (~0.5 ms of CPU on a
 # small VM, more than the rest of the wrapper) and blocks the daemon while the child execs.
 # This shell is started once per daemon and forks a subshell per attempt instead, which
-# sources wrap.sh: the same wrapper, the same files, a third of the CPU.
+# calls the wrapper's function: the same wrapper, the same files, a third of the CPU.
 #
 # (1) Job control, so that each attempt's subshell leads its own process group (a cancel
 #     signals one job's processes and no other's). A shell turns it on only with a
@@ -42,8 +45,11 @@ exit 0
 #     `read` short; the flag tells that from the end of input.
 # (3) The line is `export NAME='value' ...; set -- 'ATTEMPT_DIR' file`, every value quoted by
 #     the daemon (a value that cannot be written on one line is started without this
-#     runner). The subshell exports them, sources the wrapper in "file" mode, and exits with
+#     runner). The subshell exports them, runs the wrapper in "file" mode, and exits with
 #     its status; its stdin and stdout are not this shell's pipes.
 # (4) End of input: the daemon stopped (or died). The attempts go on, each in its own group;
 #     a new daemon finds them by their handles and pid files, as it finds wrappers started
 #     on their own.
+# (5) The wrapper's function, gpusched_wrap, defined once: each subshell calls it, with
+#     nothing to open or parse (gpusched/wrap.sh, note 7). A wrapper that cannot be read
+#     ends this shell before it says "ready": the daemon then starts each wrapper on its own.

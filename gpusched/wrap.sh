@@ -1,66 +1,73 @@
 #!/bin/sh
-# gpusched attempt wrapper: sh wrap.sh ATTEMPT_DIR [tee|file], or sourced in "file" mode by the
-# subprocess backend's runner (runner.sh) in a subshell it forked. Its contract and the notes on
-# each step are at the end, after the last command: sh never reads them (on a busy machine
-# each kilobyte sh reads costs every job ~10 us, a thousand short jobs a hundredth of a second).
-dir=$1
-mode=${2:-tee}
-caught=
-rc=
-tee=
-read -r self _ </proc/self/stat || self=$$ # (6)
-trap 'caught=15' TERM
-trap 'caught=2' INT
-trap 'caught=1' HUP
-run_job() { # (2)
-    trap 'exit 130' INT
-    trap 'exit 143' TERM
-    trap 'exit' HUP
-    set --
-    . "$dir/launch.sh"
-}
-printf '%s\n' "$self" >"$dir/pid"
-if [ "$mode" = file ]; then
-    (run_job) >>"$dir/output.log" 2>&1 </dev/null
-    rc=$?
-elif [ -p "$dir/.output.pipe" ]; then # (3)
-    trap '' TERM HUP
-    LC_ALL=C tee -a "$dir/output.log" <"$dir/.output.pipe" &
-    tee=$!
+# gpusched attempt wrapper: sh wrap.sh ATTEMPT_DIR [tee|file]. A long-lived shell (the
+# subprocess backend's runner.sh, a reused tmux pane's pane.sh) sources it once with --define
+# and calls gpusched_wrap in each subshell it forks. Its contract and the notes on each step
+# are at the end, after the last command: sh reads them only where it defines the function
+# once (on a busy machine each kilobyte sh reads costs every job ~10 us).
+gpusched_wrap() { # (7)
+    dir=$1
+    mode=${2:-tee}
+    caught=
+    rc=
+    tee=
+    set -- /proc/self/task/* # (6)
+    self=${1##*/}
+    case $self in '' | *[!0-9]*) self=$$ ;; esac
     trap 'caught=15' TERM
+    trap 'caught=2' INT
     trap 'caught=1' HUP
-    (run_job) >"$dir/.output.pipe" 2>&1
-    rc=$?
-    : 1<>"$dir/.output.pipe"
-    while [ -z "$caught" ] && [ -n "$tee" ]; do # (1)
-        wait "$tee"
-        [ $? -gt 128 ] && kill -0 "$tee" 2>/dev/null || tee=
-    done
-else # (4)
-    exec 4>&1
-    rc=$({ { (run_job) 2>&1 3>&- 4>&-; echo $? >&3; } |
-        LC_ALL=C tee -a "$dir/output.log" >&4 3>&-; } 3>&1)
-    exec 4>&-
-fi
-code=null
-sig=null
-if [ -n "$rc" ]; then
-    code=$rc
-    if [ "$rc" -gt 128 ] && [ "$rc" -lt 160 ]; then sig=$((rc - 128)); fi
-elif [ -n "$caught" ]; then
-    sig=$caught
-fi
-printf '{"exit_code": %s, "signal": %s, "wrapper_pid": %s}\n' "$code" "$sig" "$self" >"$dir/exit.json"
-if [ -n "${GPUSCHED_WAKE:-}" ] && [ -p "$GPUSCHED_WAKE" ]; then
-    { printf x >&3; } 3<>"$GPUSCHED_WAKE" 2>/dev/null # (5)
-fi
-if [ "$mode" != file ]; then
-    printf '\n[gpusched] %s exited: code=%s signal=%s\n' "${GPUSCHED_JOB_ID:-job}" "$code" "$sig"
-fi
-if [ -n "$rc" ]; then exit "$rc"; elif [ -n "$caught" ]; then exit $((128 + caught)); else exit 1; fi
+    run_job() { # (2)
+        trap 'exit 130' INT
+        trap 'exit 143' TERM
+        trap 'exit' HUP
+        set --
+        . "$dir/launch.sh"
+    }
+    printf '%s\n' "$self" >"$dir/pid"
+    if [ "$mode" = file ]; then
+        (run_job) >>"$dir/output.log" 2>&1 </dev/null
+        rc=$?
+    elif [ -p "$dir/.output.pipe" ]; then # (3)
+        trap '' TERM HUP
+        LC_ALL=C tee -a "$dir/output.log" <"$dir/.output.pipe" &
+        tee=$!
+        trap 'caught=15' TERM
+        trap 'caught=1' HUP
+        (run_job) >"$dir/.output.pipe" 2>&1
+        rc=$?
+        : 1<>"$dir/.output.pipe"
+        while [ -z "$caught" ] && [ -n "$tee" ]; do # (1)
+            wait "$tee"
+            [ $? -gt 128 ] && kill -0 "$tee" 2>/dev/null || tee=
+        done
+    else # (4)
+        exec 4>&1
+        rc=$({ { (run_job) 2>&1 3>&- 4>&-; echo $? >&3; } |
+            LC_ALL=C tee -a "$dir/output.log" >&4 3>&-; } 3>&1)
+        exec 4>&-
+    fi
+    code=null
+    sig=null
+    if [ -n "$rc" ]; then
+        code=$rc
+        if [ "$rc" -gt 128 ] && [ "$rc" -lt 160 ]; then sig=$((rc - 128)); fi
+    elif [ -n "$caught" ]; then
+        sig=$caught
+    fi
+    printf '{"exit_code": %s, "signal": %s, "wrapper_pid": %s}\n' "$code" "$sig" "$self" >"$dir/exit.json"
+    if [ -n "${GPUSCHED_WAKE:-}" ] && [ -p "$GPUSCHED_WAKE" ]; then
+        { printf x >&3; } 3<>"$GPUSCHED_WAKE" 2>/dev/null # (5)
+    fi
+    if [ "$mode" != file ]; then
+        printf '\n[gpusched] %s exited: code=%s signal=%s\n' "${GPUSCHED_JOB_ID:-job}" "$code" "$sig"
+    fi
+    if [ -n "$rc" ]; then exit "$rc"; elif [ -n "$caught" ]; then exit $((128 + caught)); else exit 1; fi
+}
+[ "${1-}" = --define ] || gpusched_wrap "$@" # (8)
 
 # ---------------------------------------------------------------------------------------------
-# Nothing below is read by sh: every path above ends at that exit.
+# Nothing below is read by sh when it runs this file (gpusched_wrap ends at an exit); a shell
+# that defines the function once reads it once.
 #
 # Runs inside the job's tmux pane ("tee" mode) or detached process group ("file" mode: a
 # subshell of the runner, which leads the group, or a wrapper of its own in its own session).
@@ -110,6 +117,13 @@ if [ -n "$rc" ]; then exit "$rc"; elif [ -n "$caught" ]; then exit $((128 + caug
 #     the output goes through a pipeline into tee to this terminal (fd 4), and the exit status
 #     comes back on fd 3.
 # (5) A read-write open of a FIFO never blocks on Linux, whether or not the daemon listens.
-# (6) Its own pid. Not $$: the subprocess backend's runner (gpusched/runner.sh) sources this
-#     file in a subshell it forked, where $$ is the runner's pid; a builtin's read of
-#     /proc/self is this process's, whichever way it was started.
+# (6) Its own pid. Not $$: in a subshell the runner (gpusched/runner.sh) or a reused pane's
+#     loop (gpusched/pane.sh) forked, $$ is that shell's pid. The glob is expanded by this
+#     process, in whose /proc/self/task the one thread is itself, whichever way it was
+#     started: a directory listing, where a `read` of /proc/self/stat took ~300 one-byte
+#     reads (~0.1 ms a job). Without /proc (the glob left as it is) it falls back on $$.
+# (7) One function, so that a shell that starts many wrappers parses it once (runner.sh and
+#     pane.sh source this file with --define when they start, then call gpusched_wrap in each
+#     subshell): sourcing the file in every subshell parsed it again, ~0.1 ms a job.
+# (8) `sh wrap.sh ATTEMPT_DIR MODE` (a tmux window, Slurm, a wrapper started on its own) runs
+#     it at once; --define only defines it.
