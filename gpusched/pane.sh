@@ -7,7 +7,7 @@ fifo=$1
 answers=$2
 wrap=$3
 set -- --define
-. "$wrap" # (8)
+. "$wrap" || exit 1 # (8)
 exec 7<>"$fifo" # (1)
 set -m
 case $- in

@@ -5,7 +5,7 @@
 wrap=$1
 tty=$2
 set -- --define
-. "$wrap" # (5)
+. "$wrap" || exit 1 # (5)
 exec 9<>"$tty" # (1)
 set -m
 exec 9>&-
