@@ -6,9 +6,9 @@ so it outlives the daemon and the user's logout; it leads its own process group,
 cancel signals.
 
 The wrappers are started by a *runner*: one ``sh gpusched/runner.sh`` per executor, started
-at the first launch, that reads a line per attempt and forks a subshell which sources the
-wrapper, instead of an exec of ``sh wrap.sh`` per attempt (a third of the CPU, and the
-daemon does not wait for an exec). The runner has job control (see runner.sh), so each
+at the first launch, that defines the wrapper once (``wrap.sh --define``), reads a line per
+attempt and forks a subshell which runs it, instead of an exec of ``sh wrap.sh`` per attempt
+(a third of the CPU, and the daemon does not wait for an exec). The runner has job control (see runner.sh), so each
 subshell leads its own group. Where no runner can be had (no pty, a ``sh`` without job
 control, ``GPUSCHED_RUNNER=0``), or a request's values cannot be written on one line, the
 wrapper is started on its own: ``sh wrap.sh ATTEMPT_DIR file`` in its own session, with
