@@ -8,13 +8,13 @@ cancel signals.
 The wrappers are started by a *runner*: one ``sh gpusched/runner.sh`` per executor, started
 at the first launch, that defines the wrapper once (``wrap.sh --define``), reads a line per
 attempt and forks a subshell which runs it, instead of an exec of ``sh wrap.sh`` per attempt
-(a third of the CPU, and the daemon does not wait for an exec). The runner has job control (see runner.sh), so each
-subshell leads its own group. Where no runner can be had (no pty, a ``sh`` without job
-control, ``GPUSCHED_RUNNER=0``), or a request's values cannot be written on one line, the
-wrapper is started on its own: ``sh wrap.sh ATTEMPT_DIR file`` in its own session, with
-``GPUSCHED_TOKEN`` (and ``GPUSCHED_HOME``) in its environment, by which a restarted daemon
-finds it again (:meth:`SubprocessExecutor.discover`). A wrapper the runner started is found
-by its handle and its pid file.
+(a third of the CPU, and the daemon does not wait for an exec). The runner has job control
+(see runner.sh), so each subshell leads its own group. Where no runner can be had (no pty, a
+``sh`` without job control, ``GPUSCHED_RUNNER=0``), or a request's values cannot be written
+on one line, the wrapper is started on its own: ``sh wrap.sh ATTEMPT_DIR file`` in its own
+session, with ``GPUSCHED_TOKEN`` (and ``GPUSCHED_HOME``) in its environment, by which a
+restarted daemon finds it again (:meth:`SubprocessExecutor.discover`). A wrapper the runner
+started is found by its handle and its pid file.
 """
 
 from __future__ import annotations
