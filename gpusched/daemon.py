@@ -369,6 +369,7 @@ def run(
     # token on to the tmux server it starts: cancelling the job would take the server along.
     os.environ.pop("GPUSCHED_TOKEN", None)
     fifo = _open_fifo(home.wake)
+    signal.set_wakeup_fd(fifo)  # a SIGTERM ends the wait at once: a stop takes no tick's wait
     executors = _Executors(home)
     executors.preload(sorted({s.backend for s in store.suites()}))
     settings = Settings(wake_path=str(home.wake), cancel_grace_s=_cancel_grace_s())
@@ -427,6 +428,7 @@ def run(
             home.daemon_info.unlink()
         with contextlib.suppress(OSError):
             published.path(home).unlink()
+        signal.set_wakeup_fd(-1)
         os.close(fifo)
         store.close()
         os.close(lock)  # (which releases it)

@@ -16,6 +16,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -158,6 +159,31 @@ def control_clients(home: Path) -> list[int]:
         if sock in cmd and "-C" in cmd and p.info["status"] != psutil.STATUS_ZOMBIE:
             out.append(p.info["pid"])
     return out
+
+
+def test_a_stop_ends_the_daemon_at_once_not_after_its_tick_s_wait(gs_home: Path, project: Path) -> None:
+    """Between ticks the daemon waits for a job's end or its next timed tick (every second);
+    a SIGTERM ends that wait at once, so `gpusched daemon stop` does not wait out the rest
+    of it (here a daemon that ticks once a minute: it would take the stop's 15 s and fail).
+    The job it runs runs on, and the next daemon finds it."""
+    write_plan(project, "s", WAIT_FOR_GO, ["a"])
+    run = (
+        "import sys; from gpusched import daemon; from gpusched.home import Home;"
+        " sys.exit(daemon.run(Home.from_env(), probe_spec='fake:2x24GiB', interval_s=60))"
+    )
+    with open(gs_home.parent / "daemon.out", "wb") as out:
+        argv = [sys.executable, "-c", run]
+        daemon = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+    retry_until(lambda: '"ready": true' in (_text(gs_home / "daemon.json") or ""), timeout=30)
+    submit_on_one_slot(project, "s")
+    pid, _ = wrapper_pid(gs_home, "s/a")
+    retry_until(lambda: states(gs_home, "s") == {"a": "running"})
+    run_cli("daemon", "stop", cwd=project, check=True)
+    assert daemon.wait(timeout=30) == 0
+    assert not dead(pid)
+    (project / "go").touch()
+    run_cli("wait", "--suite", "s", cwd=project, env=FAKE, check=True)  # (a new daemon: it ends there)
+    assert states(gs_home, "s") == {"a": "succeeded"} and launches(project) == ["s/a"]
 
 
 def test_a_state_directory_another_machines_daemon_runs_on_is_refused_in_one_line(
