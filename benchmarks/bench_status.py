@@ -17,6 +17,13 @@ table gives the command's own CPU time (user + system), steadier on a shared mac
 ``--instructions`` adds each command's instruction count under valgrind's callgrind (one
 more run each, ~50x slower, with a fixed hash seed): the same from run to run within ~1 %,
 however busy the machine, so a change of a few percent shows.
+
+Two rows ("no .pth files") run ``python -S`` with this interpreter's own ``sys.path`` (its
+site-packages, and this checkout first) on ``PYTHONPATH``: the same modules, without the
+``.pth`` files the interpreter runs at every start. On the VM the README's figures come from,
+one of those is the sandbox's own (``_sandboxing_egress_ca.pth``, which imports certifi to
+patch its CA bundle): ~30 ms of ``python -c pass``'s ~45 that no user's machine pays. What a
+user's own ``.pth`` files cost depends on what they installed; the two rows set it apart.
 """
 
 from __future__ import annotations
@@ -114,6 +121,15 @@ def instructions(argv: list[str], env: dict[str, str], cwd: Path) -> int:
     return int(found.group(1))
 
 
+def without_pth_path() -> str:
+    """``PYTHONPATH`` for ``python -S``: this checkout, then every folder of this interpreter's
+    ``sys.path`` (where ``site`` put its site-packages and what their ``.pth`` files added),
+    but this script's."""
+    here = str(Path(__file__).resolve().parent)
+    folders = [p for p in sys.path if p and p != here and Path(p).is_dir()]
+    return ":".join(dict.fromkeys([str(Path(__file__).resolve().parent.parent), *folders]))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=10_000)
@@ -151,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         env = sb.env(GPUSCHED_FAKE_GPUS="16x24GiB", COLUMNS="160")
         real = {k: v for k, v in env.items() if k != "GPUSCHED_FAKE_GPUS"}
         gs = [sys.executable, "-m", "gpusched"]
+        bare, gs_bare = {**env, "PYTHONPATH": without_pth_path()}, [sys.executable, "-S", "-m", "gpusched"]
         commands: dict[str, tuple[list[str], dict[str, str]]] = {
             "python -c pass (floor)": ([sys.executable, "-c", "pass"], env),
             "gpusched --version": ([*gs, "--version"], env),
@@ -158,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
             "gpusched status --fields id,state": ([*gs, "status", "--fields", "id,state"], env),
             "gpusched status": ([*gs, "status"], env),
             "gpusched status, NVML probe": ([*gs, "status"], real),
+            "python -S -c pass (floor, no .pth files)": ([sys.executable, "-S", "-c", "pass"], bare),
+            "gpusched status --json, no .pth files": ([*gs_bare, "status", "--json"], bare),
+            "gpusched status, no .pth files": ([*gs_bare, "status"], bare),
         }
         if args.before:  # PYTHONPATH comes before the installed (or editable) gpusched
             old = {**env, "PYTHONPATH": str(Path(args.before).resolve())}
