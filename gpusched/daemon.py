@@ -369,7 +369,8 @@ def run(
     # token on to the tmux server it starts: cancelling the job would take the server along.
     os.environ.pop("GPUSCHED_TOKEN", None)
     fifo = _open_fifo(home.wake)
-    signal.set_wakeup_fd(fifo)  # a SIGTERM ends the wait at once: a stop takes no tick's wait
+    # a SIGTERM ends the wait between ticks at once (a full FIFO already wakes it: no warning)
+    signal.set_wakeup_fd(fifo, warn_on_full_buffer=False)
     executors = _Executors(home)
     executors.preload(sorted({s.backend for s in store.suites()}))
     settings = Settings(wake_path=str(home.wake), cancel_grace_s=_cancel_grace_s())
