@@ -125,9 +125,9 @@ def without_pth_path() -> str:
     """``PYTHONPATH`` for ``python -S``: this checkout, then every folder of this interpreter's
     ``sys.path`` (where ``site`` put its site-packages and what their ``.pth`` files added),
     but this script's."""
-    here = str(Path(__file__).resolve().parent)
-    folders = [p for p in sys.path if p and p != here and Path(p).is_dir()]
-    return ":".join(dict.fromkeys([str(Path(__file__).resolve().parent.parent), *folders]))
+    here = Path(__file__).resolve().parent
+    folders = [p for p in sys.path if p and p != str(here) and Path(p).is_dir()]
+    return ":".join(dict.fromkeys([str(here.parent), *folders]))
 
 
 def main(argv: list[str] | None = None) -> int:
