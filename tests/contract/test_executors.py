@@ -933,9 +933,12 @@ def test_a_reused_pane_runs_the_next_job_under_its_name_and_no_window_opens(reus
     b = reuse_bench
     h1, p1, _ = b.launch(EXIT3, job_name="first")
     assert ended(b, h1, p1)["exit_code"] == 3
-    h2, p2, r2 = b.launch("echo second\n", job_name="second")
+    # (held until its group is looked at: a job that ended at once was reaped before the check)
+    second = 'echo second\nwhile [ ! -e "@DIR@/gate" ]; do sleep 0.02; done\n'
+    h2, p2, r2 = b.launch(second, job_name="second")
     assert (h2["pane"], h2["window"]) == (h1["pane"], h1["window"])
     assert h2["pid"] != h1["pid"] and os.getpgid(h2["pid"]) == h2["pid"]  # its own group
+    (p2.dir / "gate").touch()
     assert ended(b, h2, p2)["exit_code"] == 0
     assert windows(b) == [f"{h1['window']} second"]
     assert p2.output.read_text() == "second\n" and p1.output.read_text() == "hi\n"
