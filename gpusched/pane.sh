@@ -15,12 +15,15 @@ case $- in
 *) echo "gpusched: no job control in this pane" && exit 1 ;;
 esac
 while read -r tok until line <&7; do
+    [ "$tok" = - ] && exit 0 # (9)
     read -r up _ </proc/uptime # (5)
     if [ "${up%.*}${up#*.}" -gt "$until" ]; then
         printf '[gpusched] a launch given up on was not run (%s)\n' "$tok"
         continue
     fi
     printf '\033[0m\033[H\033[2J' # (2)
+    hup=
+    trap 'hup=1' HUP # (10)
     (eval "$line" && gpusched_wrap "$@") 7<&- & # (3)
     printf '%s %s\n' "$tok" "$!" 1<>"$answers"
     fg >/dev/null # (4)
@@ -30,6 +33,8 @@ while read -r tok until line <&7; do
         [ $? -eq 2 ] && break
     done
     kill -s HUP -- "-$!" 2>/dev/null # (7)
+    trap - HUP
+    [ -z "$hup" ] || exit 0 # (10)
 done
 exit 0
 
@@ -53,7 +58,7 @@ exit 0
 #     The FIFO is not passed on to the job.
 # (4) The job is brought to the foreground: the terminal's keys reach its group (a Ctrl-C
 #     stops the job, not this loop), and this shell waits for it. When the pane is closed,
-#     the hang-up reaches this shell and the job's group alike, as in a window of its own.
+#     the job runs on, as in a window of its own (10).
 # (5) Each line carries the time after which it must not run: the clock since boot in
 #     hundredths of a second (/proc/uptime, read by a builtin: no `date` exec a job). A line
 #     this loop reaches late (it was busy, or stopped) is one the executor has given up
@@ -69,3 +74,11 @@ exit 0
 #     exits: it does not run on into the next job's screen. The wrapper's tee ignores it.
 # (8) The wrapper's function, gpusched_wrap, defined once for every job of the pane
 #     (gpusched/wrap.sh, note 7).
+# (9) The executor's "-" line: the last job did not succeed, so this pane runs no more and
+#     keeps it on screen, dead (remain-on-exit), as a window of its own would.
+# (10) A closed pane or a killed tmux server hangs up the terminal, which the kernel signals to
+#     this shell alone, as the session's leader; had it died of that, its exit would hang up
+#     the job's group, the terminal's foreground (a window of its own's wrapper, the leader
+#     there, traps it). So while a job runs a hang-up is trapped, and sh keeps it until the job
+#     has ended (it does not interrupt `fg`): the job runs on to its exit record, as in a window
+#     of its own, and this loop then ends, its terminal gone. Between jobs it ends at once.

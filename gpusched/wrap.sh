@@ -103,7 +103,7 @@ gpusched_wrap() { # (7)
 # (3) In a tmux pane, tee takes the job's output from the FIFO the tmux executor made in the
 #     attempt folder to this terminal and output.log: two processes fewer than the pipeline
 #     of (4), whose exit status must be fetched back. A Ctrl-C in the pane (SIGINT), a cancel
-#     or a limit (SIGTERM) and a closed pane (SIGHUP) reach the whole group; tee ignores them
+#     or a limit (SIGTERM) and a SIGHUP sent to the group reach all of it; tee ignores them
 #     all (sh starts a background command with SIGINT ignored), so what the job prints as it
 #     stops reaches output.log, and this shell, which leads the pane's terminal session and
 #     whose exit hangs up what is left of the group, outlives the job's command. The

@@ -92,6 +92,7 @@ _ROW = _SEP.join(
         "#{pane_dead}",
         "#{@gpusched_fifo}",
         "#{@gpusched_pid}",
+        "#{@gpusched_exit}",
         "#{session_name}",
         "#{window_name}",  # last: a window name may hold anything
     ]
@@ -186,7 +187,7 @@ def attach_args(handle: Handle) -> list[str]:
 class PaneRow(Struct, frozen=True):
     """One line of ``list-panes -a -F _ROW``. ``fifo``: set on a reused pane (its process is
     the pane loop, not a wrapper; see :class:`TmuxReuseExecutor`), ``wrapper``: the pid of
-    the wrapper it last started, once known."""
+    the wrapper it last started, once known, and ``exit``: that attempt's exit record."""
 
     token: str
     pane: str
@@ -196,17 +197,18 @@ class PaneRow(Struct, frozen=True):
     dead: bool
     fifo: str
     wrapper: int | None
+    exit: str
     session_name: str
     window_name: str
 
     @classmethod
     def parse(cls, line: str) -> PaneRow | None:
-        parts = line.split(_SEP, 9)
-        if len(parts) != 10 or not parts[4].isdigit():
+        parts = line.split(_SEP, 10)
+        if len(parts) != 11 or not parts[4].isdigit():
             return None
-        token, pane, window, session, pid, dead, fifo, wrapper, sname, wname = parts
+        token, pane, window, session, pid, dead, fifo, wrapper, exit_path, sname, wname = parts
         wpid = int(wrapper) if wrapper.isdigit() else None
-        return cls(token, pane, window, session, int(pid), dead == "1", fifo, wpid, sname, wname)
+        return cls(token, pane, window, session, int(pid), dead == "1", fifo, wpid, exit_path, sname, wname)
 
     def handle(self) -> Handle:
         # a reused pane: the attempt's process is the wrapper its loop started (not known, or
@@ -518,7 +520,9 @@ class TmuxExecutor:
                 raise CommandFailed([self._bin, "list-panes", "-a"], r.returncode, r.stderr)
             rows = [row for line in r.stdout.splitlines() if (row := PaneRow.parse(line))]
         self._sessions = {row.session_name for row in rows}
-        ours = [row for row in rows if row.token and not row.fifo]  # (reused panes: see the subclass)
+        # a reused pane that runs no more (its job failed: it shows it) is an ended window like any
+        # other; live ones are the subclass's
+        ours = [row for row in rows if row.token and (row.dead or not row.fifo)]
         self._windows = {(row.session_name, row.window_name): row.window for row in ours}
         self._launched = {  # in the server's order, which is creation order within a session
             row.window: ((row.session_name, row.window_name), 0 if row.dead else row.pid, None)

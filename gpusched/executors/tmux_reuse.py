@@ -11,10 +11,14 @@ pane is a write to its FIFO; the window is renamed after the job and the pane's 
 updated in one control-client line per tick. A new pane opens only where none of the
 suite's is idle, so a night opens about as many windows as it runs jobs at once.
 
-What a user sees: a window per running job, named after it, as before; a job that has ended
+What a user sees: a window per running job, named after it, as before; a job that succeeded
 stays on its pane's screen until the pane's next job starts (its output stays in its
-output.log, and ``gpusched attach`` on it says so). Cancels, Ctrl-C in the pane and a closed
-pane reach the job's process group, as in a window of its own.
+output.log, and ``gpusched attach`` on it says so). A pane whose job did not (it exited non-zero:
+failed, ran out of memory, was cancelled or Ctrl-C'd) is not used again: it keeps that job on
+screen, dead, as a window of its own does, and is closed as the ended windows are (beyond
+KEEP_WINDOWS, or when that job runs again). Cancels and Ctrl-C in the pane reach the job's
+process group; a closed pane or a killed tmux server hangs up its terminal, not the job, which
+runs on to its exit record (pane.sh, note 10): as in a window of its own.
 
 Handles are the tmux executor's, with the wrapper's pid (not the pane's process): ``alive``
 and ``terminate`` need no tmux call. A restarted daemon finds the panes again by their
@@ -25,6 +29,7 @@ launching into them.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import select
@@ -140,20 +145,39 @@ class Pane:
     token: str | None = None  # the attempt it was last given
     wrapper: int | None = None  # that attempt's wrapper, once the loop answered
     wrapper_started: float | None = None
-    exit_path: str | None = None  # that attempt's exit.json (not known for a pane taken back)
+    exit_path: str | None = None  # that attempt's exit.json (its pane's @gpusched_exit)
+    name: str = ""  # that attempt's job name (its window's)
+    exited_ok: bool | None = None  # whether that attempt exited 0, once its exit record says
+
+    def succeeded(self) -> bool | None:
+        """Whether the last attempt given to it exited 0, by its exit record; None while there
+        is no whole record (not ended, a wrapper killed before it wrote one, or a pane taken
+        back from a daemon before this field was kept)."""
+        if self.exited_ok is None and self.exit_path is not None:
+            try:
+                with open(self.exit_path, "rb") as f:
+                    record = f.read()
+            except OSError:
+                return None
+            with contextlib.suppress(ValueError):  # (one short write: it may be seen created but empty)
+                self.exited_ok = json.loads(record).get("exit_code") == 0
+        return self.exited_ok
 
     def idle(self) -> bool:
         """Its loop waits for a line, or is about to. Either the last attempt given to it
-        has answered and written its exit record (its wrapper is printing its last line),
-        or that attempt has ended and the loop has no live child (a child the tags do not
-        name is a wrapper started by a line written just before a daemon died; one that has
-        exited and is not yet reaped is the wrapper that just ended)."""
+        has written its exit record and succeeded (its wrapper is printing its last line),
+        or that attempt has ended without a record and the loop has no live child (a child
+        the tags do not name is a wrapper started by a line written just before a daemon
+        died; one that has exited and is not yet reaped is the wrapper that just ended). A
+        pane whose attempt did not succeed is never idle: it is retired
+        (:meth:`TmuxReuseExecutor._retire`)."""
         if self.token is not None and self.wrapper is None:
             return False  # given a line, not answered: not known to be free
-        if self.exit_path is not None and os.path.exists(self.exit_path):
+        ok = self.succeeded()
+        if ok is not None:
             # its wrapper has written its exit record, and the scheduler reaped the attempt by
             # it: it is printing its last line and exiting, the loop reads the next line after
-            return True
+            return ok
         if proc.group_alive(self.wrapper, self.wrapper_started):
             return False
         try:
@@ -217,7 +241,8 @@ class TmuxReuseExecutor(TmuxExecutor):
         if pane is None:
             pane = self._open(req)
         pane.token, pane.wrapper, pane.wrapper_started = req.token, None, None
-        pane.exit_path = AttemptPaths(req.attempt_dir).file(EXIT)
+        pane.exit_path, pane.name = AttemptPaths(req.attempt_dir).file(EXIT), req.job_name
+        pane.exited_ok = None
         try:
             _write_all(pane.fd, line)
         except OSError:
@@ -229,11 +254,14 @@ class TmuxReuseExecutor(TmuxExecutor):
         """One result per :meth:`begin` since the last call, in order: a handle, the error that
         kept it from starting, or :class:`~gpusched.executors.LaunchUncertain` when its pane
         did not answer (its pane is then used no more). Then one tmux line renames each
-        window after its job and tags its pane with the attempt's token and wrapper pid."""
+        window after its job, tags its pane with the attempt's token, wrapper pid and exit
+        record, and closes the window that kept the job's last attempt (one that did not
+        succeed), as a window of its own replaces it."""
         pending, self._pending = self._pending, []
         got = self._read_answers({p.token: p for _, p in pending if isinstance(p, Pane) and p.token})
         out: list[Handle | Exception] = []
         tags: list[list[str]] = []
+        closes: list[list[str]] = []
         sess = ""
         for req, how in pending:
             if not isinstance(how, Pane):
@@ -251,7 +279,11 @@ class TmuxReuseExecutor(TmuxExecutor):
                 ["set-option", "-p", "-t", how.pane, "@gpusched_token", req.token],
                 ["set-option", "-p", "-t", how.pane, "@gpusched_job", req.job_id],
                 ["set-option", "-p", "-t", how.pane, "@gpusched_pid", str(pid)],
+                ["set-option", "-p", "-t", how.pane, "@gpusched_exit", how.exit_path or ""],
             ]
+            if (old := self._windows.get((how.sess, req.job_name))) not in (None, how.window):
+                closes.append(["kill-window", "-t", old])  # (last: a window gone stops the chain)
+                self._forget(old)
             out.append(
                 {
                     "pane": how.pane,
@@ -265,7 +297,7 @@ class TmuxReuseExecutor(TmuxExecutor):
             )
         if tags:  # (the jobs run whatever becomes of this: the handles stand)
             try:
-                r = self._launch_cmd(chain(*tags), sess)
+                r = self._launch_cmd(chain(*tags, *closes), sess)
             except Exception as e:
                 log.warning("could not tag reused tmux panes: %s", e)
             else:
@@ -274,15 +306,29 @@ class TmuxReuseExecutor(TmuxExecutor):
         return out
 
     def _idle(self, sess: str) -> Pane | None:
-        """The oldest idle pane of session ``sess``; panes whose loop is gone are let go."""
+        """The oldest idle pane of session ``sess``; panes whose loop is gone are let go, those
+        whose job did not succeed retired."""
         for pane in list(self._panes.values()):
             if pane.sess != sess:
                 continue
             if not pane.lives():
                 self._drop(pane, gone=True)
+            elif pane.succeeded() is False:
+                self._retire(pane)
             elif pane.idle():
                 return pane
         return None
+
+    def _retire(self, pane: Pane) -> None:
+        """``pane``'s last job did not succeed: its loop is told to end (pane.sh, note 9), so
+        that the pane shows that job, dead, as a window of its own would, and it is an ended
+        window from now on: closed beyond KEEP_WINDOWS or when that job runs again."""
+        with contextlib.suppress(OSError):
+            _write_all(pane.fd, b"- 0 -\n")
+        self._drop(pane, gone=True)  # (the FIFO goes: a restarted daemon does not take it back)
+        self._launched[pane.window] = ((pane.sess, pane.name), 0, None)
+        if pane.name:
+            self._windows[(pane.sess, pane.name)] = pane.window
 
     def _open(self, req: LaunchRequest) -> Pane:
         """A new pane for ``req`` (in a new window of its suite's session), with its FIFO;
@@ -293,6 +339,9 @@ class TmuxReuseExecutor(TmuxExecutor):
         fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
         command = ["sh", str(PANE_LOOP), fifo, self.answers, str(WRAPPER)]
         sess = session_name(req.suite)
+        for other in list(self._panes.values()):  # (the other sessions' too: their windows count)
+            if other.succeeded() is False:
+                self._retire(other)
         try:
             closes = self._beyond_keep()
             for fresh in (False, True):
@@ -303,7 +352,8 @@ class TmuxReuseExecutor(TmuxExecutor):
                 if ids is not None or fresh:
                     break
                 self._refresh()  # what we knew was stale: the session (or the server) went away
-                closes = [w for w in closes if w in {p.window for p in self._panes.values()}]
+                kept = {p.window for p in self._panes.values()} | self._launched.keys()
+                closes = [w for w in closes if w in kept]
             if ids is None:
                 raise CommandFailed(r.args, r.returncode, r.stderr)
         except BaseException:
@@ -314,6 +364,7 @@ class TmuxReuseExecutor(TmuxExecutor):
         for window in closes:
             for old in [p for p in self._panes.values() if p.window == window]:
                 self._drop(old, gone=True)
+            self._forget(window)
         if new_session:
             self._make_socket_private()
         self._sessions.add(sess)
@@ -323,10 +374,13 @@ class TmuxReuseExecutor(TmuxExecutor):
         return pane
 
     def _beyond_keep(self) -> list[str]:
-        """Windows of the oldest idle panes, as many as exceed :data:`KEEP_WINDOWS` with one
-        more pane."""
-        excess = len(self._panes) + 1 - KEEP_WINDOWS
-        return [p.window for p in self._panes.values() if p.idle()][: max(0, excess)]
+        """Windows to close as one more pane opens, as many as exceed :data:`KEEP_WINDOWS`: the
+        oldest ended ones (a retired pane's, a window of its own's), then idle panes."""
+        excess = len(self._panes) + len(self._launched) + 1 - KEEP_WINDOWS
+        if excess <= 0:
+            return []
+        ended = [w for w, (_, pid, started) in self._launched.items() if not proc.group_alive(pid, started)]
+        return (ended + [p.window for p in self._panes.values() if p.idle()])[:excess]
 
     def _drop(self, pane: Pane, *, gone: bool = False) -> None:
         """Launch into ``pane`` no more (its FIFO is closed here; the pane stays on the server).
@@ -416,6 +470,8 @@ class TmuxReuseExecutor(TmuxExecutor):
                 token=row.token or None,
                 wrapper=wrapper,
                 wrapper_started=proc.started_at(wrapper) if wrapper else None,
+                exit_path=row.exit or None,
+                name=row.window_name,
             )
         return rows
 

@@ -57,6 +57,7 @@ BACKENDS = [
 
 # Job scripts (the attempt's launch.sh); @DIR@ becomes the attempt directory.
 EXIT3 = "echo hi\nexit 3\n"
+OK = "echo hi\n"
 GATED = 'echo started > "@DIR@/started"\nwhile [ ! -e "@DIR@/gate" ]; do sleep 0.02; done\necho done\n'
 WITH_CHILD = (
     'sh -c \'echo $$ > "$0/child.pid"; while [ ! -e "$0/gate" ]; do sleep 0.02; done\' "@DIR@" &\n'
@@ -510,6 +511,29 @@ def test_a_pane_tees_the_job_s_output_through_its_attempt_folder_s_hidden_fifo(p
     retry_until(lambda: "done" in pane_bench.tx.capture(h, lines=50))
 
 
+def test_a_closed_pane_leaves_its_job_running_to_its_exit_record(pane_bench: Bench) -> None:
+    """Closing a job's pane (a kill-pane, a window closed by hand) hangs up its terminal, not
+    the job: it runs on, to its output.log and exit.json, as when the whole server is killed
+    (`gpusched cancel` is what stops a job). A reused pane's loop outlives the hang-up while
+    its job runs (dying, it would hang the job up) and ends once the job has."""
+    b = pane_bench
+    h, paths, _ = b.launch(GATED, job_name="closed")
+    retry_until((paths.dir / "started").exists)
+    loop = int(b.tmux("display-message", "-p", "-t", h["pane"], "#{pane_pid}"))
+    keeper, kp, _ = b.launch(GATED, job_name="keeper")  # (the session and the server stay)
+    b.tmux("kill-pane", "-t", h["pane"])
+    retry_until(lambda: h["pane"] not in b.tmux("list-panes", "-a", "-F", "#{pane_id}").split())
+    assert b.ex.alive(h) and not paths.exit.exists()
+    (paths.dir / "gate").touch()
+    assert ended(b, h, paths)["exit_code"] == 0
+    assert paths.output.read_text().splitlines() == ["done"]
+    retry_until(lambda: not running(loop))
+    h2, p2, _ = b.launch(OK, job_name="next")
+    assert h2["pane"] != h["pane"] and ended(b, h2, p2)["exit_code"] == 0
+    (kp.dir / "gate").touch()
+    assert ended(b, keeper, kp)["exit_code"] == 0
+
+
 def test_a_ctrl_c_in_the_pane_lets_the_job_save_and_log_as_it_stops(pane_bench: Bench) -> None:
     """Ctrl-C in an attached pane interrupts the whole group. The job's command gets to finish
     what it does on SIGINT (a trainer's ``except KeyboardInterrupt: save()``), what it prints
@@ -931,8 +955,8 @@ def windows(b: Bench) -> list[str]:
 
 def test_a_reused_pane_runs_the_next_job_under_its_name_and_no_window_opens(reuse_bench: Bench) -> None:
     b = reuse_bench
-    h1, p1, _ = b.launch(EXIT3, job_name="first")
-    assert ended(b, h1, p1)["exit_code"] == 3
+    h1, p1, _ = b.launch(OK, job_name="first")
+    assert ended(b, h1, p1)["exit_code"] == 0
     # (held until its group is looked at: a job that ended at once was reaped before the check)
     second = 'echo second\nwhile [ ! -e "@DIR@/gate" ]; do sleep 0.02; done\n'
     h2, p2, r2 = b.launch(second, job_name="second")
@@ -952,13 +976,13 @@ def test_a_busy_pane_is_not_reused_and_each_job_gets_its_suites_pane(reuse_bench
     b = reuse_bench
     busy, bp, _ = b.launch(GATED, job_name="busy")
     retry_until((bp.dir / "started").exists)
-    other, op, _ = b.launch(EXIT3, job_name="other")
+    other, op, _ = b.launch(OK, job_name="other")
     assert other["pane"] != busy["pane"]
     ended(b, other, op)
-    elsewhere, ep, _ = b.launch(EXIT3, suite="s2", job_name="elsewhere")
+    elsewhere, ep, _ = b.launch(OK, suite="s2", job_name="elsewhere")
     assert elsewhere["pane"] not in (busy["pane"], other["pane"])  # another suite, another session
     ended(b, elsewhere, ep)
-    again, ap, _ = b.launch(EXIT3, job_name="again")
+    again, ap, _ = b.launch(OK, job_name="again")
     assert again["pane"] == other["pane"]
     ended(b, again, ap)
     (bp.dir / "gate").touch()
@@ -966,30 +990,32 @@ def test_a_busy_pane_is_not_reused_and_each_job_gets_its_suites_pane(reuse_bench
     assert len(windows(b)) == 3
 
 
-def test_a_ctrl_c_in_a_reused_pane_stops_its_job_and_the_pane_runs_the_next(reuse_bench: Bench) -> None:
-    """The job is the pane's foreground group: a Ctrl-C reaches it, not the pane's loop."""
+def test_a_ctrl_c_in_a_reused_pane_stops_its_job_and_the_pane_keeps_it(reuse_bench: Bench) -> None:
+    """The job is the pane's foreground group: a Ctrl-C reaches it, not the pane's loop; the
+    job did not succeed, so its pane shows it on and the next job gets another."""
     b = reuse_bench
     h, paths, _ = b.launch(GATED, job_name="stopped")
     retry_until((paths.dir / "started").exists)
     b.tmux("send-keys", "-t", h["pane"], "C-c")
     assert ended(b, h, paths)["exit_code"] == 130
-    h2, p2, _ = b.launch(EXIT3, job_name="next")
-    assert h2["pane"] == h["pane"] and ended(b, h2, p2)["exit_code"] == 3
+    h2, p2, _ = b.launch(OK, job_name="next")
+    assert h2["pane"] != h["pane"] and ended(b, h2, p2)["exit_code"] == 0
+    assert b.ex.shows(h)
 
 
 def test_a_restarted_daemon_finds_the_running_job_and_launches_into_the_old_panes(reuse_bench: Bench) -> None:
     b = reuse_bench
     h, paths, req = b.launch(GATED, job_name="long")
     retry_until((paths.dir / "started").exists)
-    h0, p0, _ = b.launch(EXIT3, job_name="short")
+    h0, p0, _ = b.launch(OK, job_name="short")
     ended(b, h0, p0)
     b.ex = b.make()  # the daemon restarted
     found = b.ex.discover()[req.token]
     assert (found["pid"], found["pane"], found["dead"]) == (h["pid"], h["pane"], False)
     assert b.ex.alive(found)
-    h1, p1, _ = b.launch(EXIT3, job_name="after")
+    h1, p1, _ = b.launch(OK, job_name="after")
     assert h1["pane"] == h0["pane"]  # the idle one, not the busy one, not a new one
-    assert ended(b, h1, p1)["exit_code"] == 3
+    assert ended(b, h1, p1)["exit_code"] == 0
     (paths.dir / "gate").touch()
     assert ended(b, h, paths)["exit_code"] == 0
 
@@ -999,7 +1025,7 @@ def test_a_closed_pane_is_not_written_to(reuse_bench: Bench) -> None:
     to a FIFO nobody reads would leave the launch unanswered for seconds)."""
     b = reuse_bench
     busy, bp, _ = b.launch(GATED, job_name="busy")  # (keeps the session and the server)
-    h, paths, _ = b.launch(EXIT3, job_name="first")
+    h, paths, _ = b.launch(OK, job_name="first")
     ended(b, h, paths)
     loop = int(b.tmux("display-message", "-p", "-t", h["pane"], "#{pane_pid}"))
     b.tmux("kill-pane", "-t", h["pane"])
@@ -1017,9 +1043,9 @@ def test_idle_panes_beyond_keep_windows_are_closed(
     monkeypatch.setattr(tmux_reuse, "KEEP_WINDOWS", 2)
     b = reuse_bench
     a, ap, _ = b.launch(GATED, job_name="a")
-    c, cp, _ = b.launch(EXIT3, job_name="c")
+    c, cp, _ = b.launch(OK, job_name="c")
     ended(b, c, cp)
-    d, dp, _ = b.launch(EXIT3, suite="s2", job_name="d")  # a third pane: the idle one goes
+    d, dp, _ = b.launch(OK, suite="s2", job_name="d")  # a third pane: the idle one goes
     ended(b, d, dp)
     shown = [w.split()[0] for w in windows(b)]
     assert shown == [a["window"], d["window"]]
@@ -1030,9 +1056,56 @@ def test_idle_panes_beyond_keep_windows_are_closed(
     assert len(fifos) == 2  # the closed pane's went
 
 
+def pane_dead(b: Bench, pane: str) -> bool:
+    return b.tmux("display-message", "-p", "-t", pane, "#{pane_dead}").strip() == "1"
+
+
+def test_a_pane_whose_job_failed_keeps_it_on_screen_and_the_next_job_gets_another(reuse_bench: Bench) -> None:
+    """As a window of its own would: a job that exited non-zero stays on its pane, dead, to look
+    at; when that job runs again, the window that kept it is closed, as a window of its own's is."""
+    b = reuse_bench
+    bad, bp, breq = b.launch(EXIT3, job_name="bad")
+    assert ended(b, bad, bp)["exit_code"] == 3
+    nxt, np_, _ = b.launch(OK, job_name="next")
+    assert nxt["pane"] != bad["pane"] and ended(b, nxt, np_)["exit_code"] == 0
+    retry_until(lambda: pane_dead(b, bad["pane"]))  # its loop has ended: nothing more runs there
+    assert b.ex.shows(bad) and f"[gpusched] {breq.job_id} exited: code=3" in b.tx.capture(bad)
+    assert f"{bad['window']} bad" in windows(b)
+    assert len([f for f in os.listdir(b.home.root / "panes") if f.endswith(".fifo")]) == 1
+    again, ap, _ = b.launch(OK, job_name="bad")  # the job's next attempt
+    assert again["pane"] == nxt["pane"] and ended(b, again, ap)["exit_code"] == 0
+    assert windows(b) == [f"{nxt['window']} bad"]
+
+
+def test_a_restarted_daemon_runs_no_job_in_a_pane_that_shows_a_failed_one(reuse_bench: Bench) -> None:
+    b = reuse_bench
+    bad, bp, _ = b.launch(EXIT3, job_name="bad")
+    ended(b, bad, bp)
+    b.ex = b.make()  # the daemon restarted before it launched again: the pane's tags tell
+    h, paths, _ = b.launch(OK, job_name="after")
+    assert h["pane"] != bad["pane"] and ended(b, h, paths)["exit_code"] == 0
+    retry_until(lambda: pane_dead(b, bad["pane"]))
+
+
+def test_panes_of_failed_jobs_beyond_keep_windows_are_closed(
+    reuse_bench: Bench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpusched.executors import tmux_reuse
+
+    monkeypatch.setattr(tmux_reuse, "KEEP_WINDOWS", 2)
+    b = reuse_bench
+    x, xp, _ = b.launch(EXIT3, job_name="x")
+    ended(b, x, xp)
+    y, yp, _ = b.launch(EXIT3, job_name="y")  # x's pane keeps x
+    ended(b, y, yp)
+    z, zp, _ = b.launch(OK, job_name="z")  # y's keeps y: a third window, so the oldest goes
+    ended(b, z, zp)
+    assert [w.split()[0] for w in windows(b)] == [y["window"], z["window"]]
+
+
 def test_a_request_that_cannot_be_one_line_gets_a_window_of_its_own(reuse_bench: Bench) -> None:
     b = reuse_bench
-    h1, p1, _ = b.launch(EXIT3, job_name="plain")
+    h1, p1, _ = b.launch(OK, job_name="plain")
     ended(b, h1, p1)
     script = 'printf "%s" "$TWO_LINES" > "@DIR@/two.txt"\n' + GATED
     h2, p2, _ = b.launch(script, job_name="two", env={"TWO_LINES": "a\nb"})
@@ -1040,7 +1113,7 @@ def test_a_request_that_cannot_be_one_line_gets_a_window_of_its_own(reuse_bench:
     assert h2["pane"] != h1["pane"] and os.getsid(h2["pid"]) == h2["pid"]  # the wrapper leads the pane
     (p2.dir / "gate").touch()
     assert ended(b, h2, p2)["exit_code"] == 0 and (p2.dir / "two.txt").read_text() == "a\nb"
-    h3, p3, _ = b.launch(EXIT3, job_name="third")
+    h3, p3, _ = b.launch(OK, job_name="third")
     assert h3["pane"] == h1["pane"]
     ended(b, h3, p3)
     # a value longer than a pipe holds (and than tmux takes on a command line) goes as it is read
@@ -1120,6 +1193,9 @@ def test_a_pane_whose_wrapper_wrote_its_exit_record_takes_the_next_line(tmp_path
         assert not pane.idle()
         exit_json.write_text('{"exit_code": 0}')
         assert pane.idle()
+        pane.exited_ok = None
+        exit_json.write_text('{"exit_code": 1}')  # a job that failed: its pane keeps it
+        assert not pane.idle() and pane.succeeded() is False
     finally:
         wrapper.kill()
         wrapper.wait()

@@ -659,12 +659,15 @@ def _text(p: Path) -> str | None:
 
 
 @needs_tmux
-def test_tmux_server_killed_from_outside_loses_nothing(gs_home: Path, project: Path) -> None:
+@pytest.mark.parametrize("panes", ["job", "reuse"])
+def test_tmux_server_killed_from_outside_loses_nothing(gs_home: Path, project: Path, panes: str) -> None:
     """Killing the private tmux server closes the panes' terminals, not the jobs: they run on
-    and report through exit.json; the next launch starts a new server."""
+    and report through exit.json; the next launch starts a new server. In a reused pane too:
+    its loop outlives the hang-up while its job runs (it would hang the job up as it died)."""
     write_plan(project, "tx", WAIT_FOR_GO, ["a", "b", "c"])
+    env = {**FAKE, "GPUSCHED_TMUX_PANES": panes}
     run_cli(
-        "submit", "--suite", "tx", "--gpu-plan", "1", "--backend", "tmux", cwd=project, env=FAKE, check=True
+        "submit", "--suite", "tx", "--gpu-plan", "1", "--backend", "tmux", cwd=project, env=env, check=True
     )
     retry_until(lambda: launches(project) == ["tx/a"], timeout=30)
     sock = str(gs_home / "tmux.sock")
