@@ -15,7 +15,7 @@ case $- in
 *) echo "gpusched: no job control in this pane" && exit 1 ;;
 esac
 while read -r tok until line <&7; do
-    [ "$tok" = - ] && exit 0 # (9)
+    [ "$tok" = - ] && exit "$until" # (9)
     read -r up _ </proc/uptime # (5)
     if [ "${up%.*}${up#*.}" -gt "$until" ]; then
         printf '[gpusched] a launch given up on was not run (%s)\n' "$tok"
@@ -75,7 +75,8 @@ exit 0
 # (8) The wrapper's function, gpusched_wrap, defined once for every job of the pane
 #     (gpusched/wrap.sh, note 7).
 # (9) The executor's "-" line: the last job did not succeed, so this pane runs no more and
-#     keeps it on screen, dead (remain-on-exit), as a window of its own would.
+#     keeps it on screen, dead (remain-on-exit), as a window of its own would; the loop exits
+#     with the job's code (the line's second field), which tmux shows as the wrapper's.
 # (10) A closed pane or a killed tmux server hangs up the terminal, which the kernel signals to
 #     this shell alone, as the session's leader; had it died of that, its exit would hang up
 #     the job's group, the terminal's foreground (a window of its own's wrapper, the leader

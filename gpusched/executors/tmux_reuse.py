@@ -148,6 +148,7 @@ class Pane:
     exit_path: str | None = None  # that attempt's exit.json (its pane's @gpusched_exit)
     name: str = ""  # that attempt's job name (its window's)
     exited_ok: bool | None = None  # whether that attempt exited 0, once its exit record says
+    exit_code: int | None = None  # its exit code, as that record gives it
 
     def succeeded(self) -> bool | None:
         """Whether the last attempt given to it exited 0, by its exit record; None while there
@@ -160,7 +161,9 @@ class Pane:
             except OSError:
                 return None
             with contextlib.suppress(ValueError):  # (one short write: it may be seen created but empty)
-                self.exited_ok = json.loads(record).get("exit_code") == 0
+                code = json.loads(record).get("exit_code")
+                self.exit_code = code if isinstance(code, int) else None
+                self.exited_ok = code == 0
         return self.exited_ok
 
     def idle(self) -> bool:
@@ -323,8 +326,9 @@ class TmuxReuseExecutor(TmuxExecutor):
         """``pane``'s last job did not succeed: its loop is told to end (pane.sh, note 9), so
         that the pane shows that job, dead, as a window of its own would, and it is an ended
         window from now on: closed beyond KEEP_WINDOWS or when that job runs again."""
-        with contextlib.suppress(OSError):
-            _write_all(pane.fd, b"- 0 -\n")
+        code = pane.exit_code if pane.exit_code is not None and 0 < pane.exit_code < 256 else 1
+        with contextlib.suppress(OSError):  # (the loop exits with it: tmux shows it, as the wrapper's)
+            _write_all(pane.fd, f"- {code} -\n".encode())
         self._drop(pane, gone=True)  # (the FIFO goes: a restarted daemon does not take it back)
         self._launched[pane.window] = ((pane.sess, pane.name), 0, None)
         if pane.name:

@@ -1069,6 +1069,7 @@ def test_a_pane_whose_job_failed_keeps_it_on_screen_and_the_next_job_gets_anothe
     nxt, np_, _ = b.launch(OK, job_name="next")
     assert nxt["pane"] != bad["pane"] and ended(b, nxt, np_)["exit_code"] == 0
     retry_until(lambda: pane_dead(b, bad["pane"]))  # its loop has ended: nothing more runs there
+    assert b.tmux("display-message", "-p", "-t", bad["pane"], "#{pane_dead_status}").strip() == "3"
     assert b.ex.shows(bad) and f"[gpusched] {breq.job_id} exited: code=3" in b.tx.capture(bad)
     assert f"{bad['window']} bad" in windows(b)
     assert len([f for f in os.listdir(b.home.root / "panes") if f.endswith(".fifo")]) == 1
