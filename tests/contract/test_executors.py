@@ -1035,13 +1035,17 @@ def test_a_closed_pane_is_not_written_to(reuse_bench: Bench) -> None:
     (bp.dir / "gate").touch()
 
 
-def test_idle_panes_beyond_keep_windows_are_closed(
-    reuse_bench: Bench, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def keep_two(reuse_bench: Bench, monkeypatch: pytest.MonkeyPatch) -> Bench:
+    """Reused panes, with two windows kept (KEEP_WINDOWS) rather than 64."""
     from gpusched.executors import tmux_reuse
 
     monkeypatch.setattr(tmux_reuse, "KEEP_WINDOWS", 2)
-    b = reuse_bench
+    return reuse_bench
+
+
+def test_idle_panes_beyond_keep_windows_are_closed(keep_two: Bench) -> None:
+    b = keep_two
     a, ap, _ = b.launch(GATED, job_name="a")
     c, cp, _ = b.launch(OK, job_name="c")
     ended(b, c, cp)
@@ -1088,13 +1092,8 @@ def test_a_restarted_daemon_runs_no_job_in_a_pane_that_shows_a_failed_one(reuse_
     retry_until(lambda: pane_dead(b, bad["pane"]))
 
 
-def test_panes_of_failed_jobs_beyond_keep_windows_are_closed(
-    reuse_bench: Bench, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from gpusched.executors import tmux_reuse
-
-    monkeypatch.setattr(tmux_reuse, "KEEP_WINDOWS", 2)
-    b = reuse_bench
+def test_panes_of_failed_jobs_beyond_keep_windows_are_closed(keep_two: Bench) -> None:
+    b = keep_two
     x, xp, _ = b.launch(EXIT3, job_name="x")
     ended(b, x, xp)
     y, yp, _ = b.launch(EXIT3, job_name="y")  # x's pane keeps x
