@@ -380,11 +380,11 @@ class TmuxReuseExecutor(TmuxExecutor):
     def _beyond_keep(self) -> list[str]:
         """Windows to close as one more pane opens, as many as exceed :data:`KEEP_WINDOWS`: the
         oldest ended ones (a retired pane's, a window of its own's), then idle panes."""
-        excess = len(self._panes) + len(self._launched) + 1 - KEEP_WINDOWS
+        ended = self._ended_beyond_keep(None, adding=len(self._panes) + 1)
+        excess = len(self._panes) + len(self._launched) + 1 - KEEP_WINDOWS - len(ended)
         if excess <= 0:
-            return []
-        ended = [w for w, (_, pid, started) in self._launched.items() if not proc.group_alive(pid, started)]
-        return (ended + [p.window for p in self._panes.values() if p.idle()])[:excess]
+            return ended
+        return ended + [p.window for p in self._panes.values() if p.idle()][:excess]
 
     def _drop(self, pane: Pane, *, gone: bool = False) -> None:
         """Launch into ``pane`` no more (its FIFO is closed here; the pane stays on the server).

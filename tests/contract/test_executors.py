@@ -1038,8 +1038,9 @@ def test_a_closed_pane_is_not_written_to(reuse_bench: Bench) -> None:
 @pytest.fixture
 def keep_two(reuse_bench: Bench, monkeypatch: pytest.MonkeyPatch) -> Bench:
     """Reused panes, with two windows kept (KEEP_WINDOWS) rather than 64."""
-    from gpusched.executors import tmux_reuse
+    from gpusched.executors import tmux, tmux_reuse
 
+    monkeypatch.setattr(tmux, "KEEP_WINDOWS", 2)  # (the ended windows are counted there)
     monkeypatch.setattr(tmux_reuse, "KEEP_WINDOWS", 2)
     return reuse_bench
 
