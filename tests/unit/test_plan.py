@@ -666,6 +666,25 @@ def test_select_nothing_given_keeps_all(suite4: Suite) -> None:
     assert flags.select_jobs(suite4).jobs == suite4.jobs
 
 
+def test_a_stored_suite_holds_no_pair_per_job(tmp_path: Path) -> None:
+    """The pairs are for --pairs at submit; the store's suite row, which every `status` parses
+    again, holds the suite's own fields, not an entry per matrix point."""
+    import json
+
+    from gpusched.store import Store
+
+    suite = load(tmp_path, MINIMAL.replace("[87, 88]", f"{list(range(500))}"))
+    assert isinstance(suite, plan.PlannedSuite) and len(suite.pairs) == 1000
+    store = Store(tmp_path / "gs.db")
+    plan1 = GpuPlan(gpus=(0,), slots=(1,))
+    store.submit(suite, plan1, backend="subprocess", cwd=str(tmp_path), env_path=None)
+    (spec,) = store.db.execute("SELECT spec FROM suites").fetchone()
+    assert "pairs" not in json.loads(spec) and len(spec) < 5000  # (20 KB with them)
+    row = store.suite("s")
+    assert row is not None and row.suite.tiers == suite.tiers and row.suite.command == suite.command
+    assert row.suite.env == suite.env and row.suite.logs_dir == suite.logs_dir
+
+
 # --------------------------------------------------------------------------- --gpus
 
 
