@@ -372,7 +372,7 @@ def run(
     # a SIGTERM ends the wait between ticks at once (a full FIFO already wakes it: no warning)
     signal.set_wakeup_fd(fifo, warn_on_full_buffer=False)
     executors = _Executors(home)
-    executors.preload(sorted({s.backend for s in store.suites()}))
+    executors.preload(sorted(store.backends()))
     settings = Settings(wake_path=str(home.wake), cancel_grace_s=_cancel_grace_s())
     kills = OomKills(since=time.time())  # the kernel's OOM kills from now on: not before
     sched = Scheduler(store, probe, executors, settings=settings, monotonic=time.monotonic, oom_kills=kills)

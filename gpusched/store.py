@@ -461,6 +461,10 @@ class Store:
     def suites(self) -> list[SuiteRow]:
         return [SuiteRow.from_row(r) for r in self.db.execute("SELECT * FROM suites ORDER BY submitted_at")]
 
+    def backends(self) -> set[str]:
+        """The backends the suites were submitted with (no suite's spec decoded)."""
+        return {r[0] for r in self.db.execute("SELECT DISTINCT backend FROM suites")}
+
     def job(self, job_id: str) -> JobRow | None:
         r = self.db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return JobRow.from_row(r) if r else None

@@ -87,6 +87,15 @@ def test_submit_queues_every_job_in_order_and_snapshots_the_suite(store: Store) 
     assert row.suite.tiers[1].config == {"gradient_checkpointing": True}
 
 
+def test_the_backends_in_use_are_those_of_the_submitted_suites(store: Store) -> None:
+    """What the daemon starts its executors for, before its first tick."""
+    assert store.backends() == set()
+    submit(store, make_suite("E1"))
+    store.submit(make_suite("E2"), PLAN, backend="tmux", cwd="/p", env_path=None)
+    submit(store, make_suite("E3"))
+    assert store.backends() == {"subprocess", "tmux"}
+
+
 def test_resubmit_leaves_active_and_finished_jobs_alone_unless_rerun(store: Store) -> None:
     submit(store)
     a = start(store, "E1/j0")
