@@ -2,13 +2,15 @@
 wall time of the whole command (interpreter start included), median of several runs (the
 commands taking turns).
 
-    python benchmarks/bench_status.py [--jobs 10000] [--older 40] [--runs 7] [--before DIR] [--keep]
-                                      [--instructions]
+    python benchmarks/bench_status.py [--jobs 10000] [--older 40] [--past-suites 1] [--runs 7]
+                                      [--before DIR] [--keep] [--instructions]
 
 The store is filled in-process (``Store.submit`` of one suite, then attempts through the
 store's own transitions): most jobs queued, some succeeded, some failed (with an attempt
 each), 14 running; beside them, ``--older`` jobs of a suite that ended three days earlier,
-which plain ``status`` leaves out and names in one line. No daemon runs; the probe is 16
+which plain ``status`` leaves out and names in one line; ``--past-suites K``: K such suites
+(a store that kept many nights of suites: ``--jobs 200 --past-suites 245`` is 10,000 jobs in
+246 suites, as a few months of 40-job nights leave it). No daemon runs; the probe is 16
 fake GPUs, but for one more row of the plain ``status`` with the real NVML probe (what a
 user's command loads; on a machine without a GPU it finds no driver and says so). ``--fields
 id,state`` is the JSON a script that needs only those keys asks for. ``python -c pass`` and
@@ -141,6 +143,12 @@ def main(argv: list[str] | None = None) -> int:
         help="jobs of a second suite, ended three days before the first: plain status leaves it out",
     )
     ap.add_argument(
+        "--past-suites",
+        type=int,
+        default=1,
+        help="how many suites of --older jobs each, all ended three days before the first",
+    )
+    ap.add_argument(
         "--before",
         metavar="DIR",
         help="another checkout of gpusched (e.g. `git worktree add /tmp/before COMMIT`): its commands are"
@@ -161,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         if args.older:
             n = args.older
-            fill(sb, n, succeeded=n - 2, failed=2, running=0, name="lastweek", ago_s=3 * 86400)
+            for i in range(args.past_suites):
+                name = "lastweek" + (str(i) if i else "")
+                fill(sb, n, succeeded=n - 2, failed=2, running=0, name=name, ago_s=3 * 86400 + i)
         fill(sb, args.jobs, succeeded=args.jobs // 5, failed=args.jobs // 50, running=14)
         fill_s = time.perf_counter() - t0
         env = sb.env(GPUSCHED_FAKE_GPUS="16x24GiB", COLUMNS="160")
@@ -204,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
                 cmd, cmd_env = commands[label]
                 rows[-1].append(f"{instructions(cmd, cmd_env, sb.project) / 1e6:.0f}")
     print(
-        f"Status with {args.jobs} jobs in the store (and {args.older} of a suite ended three days earlier;"
+        f"Status with {args.jobs} jobs in the store (and {args.older} of each of {args.past_suites} suite(s)"
+        f" ended three days earlier;"
         f" filled in {fill_s:.1f} s), median of {args.runs} runs "
         f"({machine()})\n"
     )

@@ -27,6 +27,11 @@ class SuiteActivity(Struct):
     counts: dict[str, int] = {}
 
 
+def gpu_plan_of(gpus: str, slots: str) -> GpuPlan:
+    """A suite's GPU plan from its row's ``gpus`` and ``slots`` columns (JSON lists)."""
+    return GpuPlan(gpus=tuple(json.loads(gpus)), slots=tuple(json.loads(slots)))
+
+
 class SuiteRow(Struct, frozen=True, kw_only=True):
     name: str
     plan_path: str
@@ -45,7 +50,7 @@ class SuiteRow(Struct, frozen=True, kw_only=True):
             plan_path=r["plan_path"],
             cwd=r["cwd"],
             backend=r["backend"],
-            gpu_plan=GpuPlan(gpus=tuple(json.loads(r["gpus"])), slots=tuple(json.loads(r["slots"]))),
+            gpu_plan=gpu_plan_of(r["gpus"], r["slots"]),
             suite=codec.suite_from_json(r["spec"]),
             env_path=r["env_path"],
             options=json.loads(r["options"] or "{}"),

@@ -6,7 +6,8 @@ only :mod:`gpusched.views` calls them.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from gpusched.errors import StoreError
@@ -125,11 +126,46 @@ def queued_kinds(
     return {kind: job_id for kind, (_, job_id) in first.items()}, groups
 
 
+def show_tiers(store: Store, *, suites: Collection[str] | None = None) -> None:
+    """Fill the tiers table the entries join (``temp.shown_tier``: each suite's tiers' names,
+    by index, and the last one's again at index -1) with the suites' (of ``suites``), read
+    from each suite's row by SQLite: a store of 250 suites is not decoded into records for
+    their names (15 ms of every `status` there). Once per status, before :func:`job_entries`."""
+    db = store.db  # (a temp table lives in this connection's own temp database: read-only too)
+    db.execute(
+        "CREATE TEMP TABLE IF NOT EXISTS shown_tier"
+        " (suite TEXT, idx INTEGER, name TEXT, n INT, PRIMARY KEY (suite, idx)) WITHOUT ROWID"
+    )
+    db.execute("DELETE FROM temp.shown_tier")
+    where, args = suite_filter(suites, column="s.name")
+    with _json1():
+        db.execute(
+            "INSERT INTO temp.shown_tier SELECT s.name, t.key, json_extract(t.value, '$.name'),"
+            " json_array_length(s.spec, '$.tiers') FROM suites s, json_each(s.spec, '$.tiers') t"
+            + (f" WHERE {where}" if where else ""),
+            args,
+        )
+    db.execute("INSERT INTO temp.shown_tier SELECT suite, -1, name, n FROM temp.shown_tier WHERE idx = n - 1")
+
+
+@contextmanager
+def _json1() -> Iterator[None]:
+    """One line for an SQLite without its JSON functions, which status needs."""
+    try:
+        yield
+    except sqlite3.OperationalError as e:  # an SQLite built without JSON1, before 3.38 made it standard
+        if "no such function" not in str(e) and "no such table: json_each" not in str(e):
+            raise
+        raise StoreError(
+            f"status needs SQLite's JSON functions, which the SQLite {sqlite3.sqlite_version} that "
+            f"Python uses here lacks ({e}): use a Python linked with SQLite 3.38 or later"
+        ) from e
+
+
 def job_entries(
     store: Store,
     *,
     now: float,
-    tier_names: Mapping[str, Sequence[str]],
     predictions: Iterable[PredictedGroup],
     suites: Collection[str] | None = None,
     state: str | None = None,
@@ -140,26 +176,15 @@ def job_entries(
     submission order (``id`` for running jobs only: the caller completes their entries),
     ``entry`` being the job's ``status --json`` entry as JSON text (its ``fields``,
     :data:`ENTRY_FIELDS`), built by SQLite: a 10k-job store lists in the time one query
-    takes, with no Python object per field. ``tier_names`` maps each suite to its
-    tiers' names; ``predictions`` gives each group of queued jobs its prediction
+    takes, with no Python object per field. The tiers' names come from :func:`show_tiers`,
+    called first; ``predictions`` gives each group of queued jobs its prediction
     (:data:`PredictedGroup`)."""
-    db = store.db  # the temp tables live in this connection's own temp database (read-only too)
-    db.execute(
-        "CREATE TEMP TABLE IF NOT EXISTS shown_tier"
-        " (suite TEXT, idx INTEGER, name TEXT, n INT, PRIMARY KEY (suite, idx)) WITHOUT ROWID"
-    )
+    db = store.db
     db.execute(
         "CREATE TEMP TABLE IF NOT EXISTS shown_prediction (suite TEXT, task TEXT, tier INTEGER, id TEXT,"
         " mib INTEGER, source TEXT, start_tier TEXT, PRIMARY KEY (suite, task, tier, id)) WITHOUT ROWID"
     )
-    db.execute("DELETE FROM temp.shown_tier")
     db.execute("DELETE FROM temp.shown_prediction")
-    tiers = []
-    for suite_name, names in tier_names.items():
-        tiers += [(suite_name, i, name, len(names)) for i, name in enumerate(names)]
-        if names:  # the last one's row again, for a job whose tier is past it (_LAST_TIER)
-            tiers.append((suite_name, -1, names[-1], len(names)))
-    db.executemany("INSERT INTO temp.shown_tier VALUES (?, ?, ?, ?)", tiers)
     db.executemany("INSERT INTO temp.shown_prediction VALUES (?, ?, ?, ?, ?, ?, ?)", predictions)
     # the newest attempt is number j.attempts: begin_attempt counts it and inserts it in one
     # transaction (a lookup in attempts(job_id, n), no MAX subquery per job)
@@ -193,12 +218,5 @@ def job_entries(
         sql += f" LIMIT {int(limit)}"
     cur = db.cursor()
     cur.row_factory = None  # tuples: a sqlite3.Row looks each column up by name
-    try:
+    with _json1():
         return cur.execute(sql, args).fetchall()
-    except sqlite3.OperationalError as e:  # an SQLite built without JSON1, before 3.38 made it standard
-        if "no such function" not in str(e):
-            raise
-        raise StoreError(
-            f"status needs SQLite's JSON functions, which the SQLite {sqlite3.sqlite_version} that "
-            f"Python uses here lacks ({e}): use a Python linked with SQLite 3.38 or later"
-        ) from e

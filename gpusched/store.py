@@ -47,6 +47,7 @@ from gpusched.records import (
     SubmitResult,
     SuiteActivity,
     SuiteRow,
+    gpu_plan_of,
 )
 from gpusched.schema import ADDED_TABLES, INDEXES, RETIRED_INDEXES, SCHEMA, SCHEMA_VERSION
 
@@ -460,6 +461,12 @@ class Store:
 
     def suites(self) -> list[SuiteRow]:
         return [SuiteRow.from_row(r) for r in self.db.execute("SELECT * FROM suites ORDER BY submitted_at")]
+
+    def gpu_plans(self, suites: Collection[str] | None = None) -> dict[str, GpuPlan]:
+        """The GPU plan of each suite (of ``suites``, when given), by name (no spec decoded)."""
+        where, args = suite_filter(suites, column="name")
+        q = "SELECT name, gpus, slots FROM suites" + (f" WHERE {where}" if where else "")
+        return {name: gpu_plan_of(gpus, slots) for name, gpus, slots in self.db.execute(q, args)}
 
     def backends(self) -> set[str]:
         """The backends the suites were submitted with (no suite's spec decoded)."""

@@ -9,6 +9,7 @@ that SQLite builds (:func:`status_rows.job_entries`), which ``status --json`` pr
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -120,8 +121,11 @@ def status(
     predictions are not made at all. ``states``: only jobs in these, listed state by state
     in the table's order; ``suites``: only the jobs of these (and only their ``counts``)."""
     now = time.time() if now is None else now
-    suite_rows = {s.name: s for s in store.suites()}
-    tier_names = {name: [t.name for t in s.suite.tiers] for name, s in suite_rows.items()}
+    # No suite is decoded whole but those the queued jobs' predictions ask for: a store keeps
+    # every suite ever submitted, and 250 of them cost 15 ms to decode (the GPU plans and the
+    # tiers' names are read from their own columns, and by SQLite from each suite's row).
+    suite_of = functools.cache(store.suite)
+    status_rows.show_tiers(store, suites=suites)
     keys = tuple(status_rows.ENTRY_FIELDS) if fields is None else tuple(fields)
     predict = bool(status_rows.PREDICTION_FIELDS.intersection(keys))
     rows: list[tuple[str, str | None, str]] = []
@@ -133,12 +137,11 @@ def status(
         predicted: list[status_rows.PredictedGroup] = []
         if predict and state in (None, "queued"):
             kinds, groups = status_rows.queued_kinds(store, suites=suites, limit=limit)
-            by_kind = queued_predictions(store, kinds, suite_rows, gpus, now=now)
+            by_kind = queued_predictions(store, kinds, suite_of, gpus, now=now)
             predicted = [(*g[:4], *by_kind[g[4]]) for g in groups if g[4] in by_kind]
         rows += status_rows.job_entries(
             store,
             now=now,
-            tier_names=tier_names,
             predictions=predicted,
             suites=suites,
             state=state,
@@ -147,12 +150,11 @@ def status(
         )
     live = store.live_attempts()
     running_on = Counter(a.gpu for a in live if a.gpu is not None)
-    active = store.active_suites(suites=suites) or set(suite_rows)
-    slots: dict[int, int] = {}
-    for s in suite_rows.values():
-        if s.name in active:
-            for g, n in zip(s.gpu_plan.gpus, s.gpu_plan.slots, strict=True):
-                slots[g] = max(slots.get(g, 0), n)
+    active = store.active_suites(suites=suites)
+    slots: dict[int, int] = {}  # the plans of the suites at work (of those shown when none is)
+    for plan in store.gpu_plans(active or suites).values():
+        for g, n in zip(plan.gpus, plan.slots, strict=True):
+            slots[g] = max(slots.get(g, 0), n)
     att = attribution(gpus, live, trees, store=store, now=now)
     gdocs = []
     out = store.gpus_out()
@@ -192,9 +194,7 @@ def status(
     }
     if fields is not None and any(state == "running" for state, _, _ in rows):
         # a running job's entry is completed from keys that may not be among ``fields``
-        full = status_rows.job_entries(
-            store, now=now, tier_names=tier_names, predictions=(), suites=suites, state="running"
-        )
+        full = status_rows.job_entries(store, now=now, predictions=(), suites=suites, state="running")
         narrowed = {
             job_id: json.dumps({k: d[k] for k in keys})
             for (_, job_id, _), d in zip(
@@ -335,7 +335,7 @@ def _process_doc(att: memory.Attribution, gpu: int, pid: int, used_mib: int | No
 def queued_predictions(
     store: Store,
     stand_in: dict[str, str],
-    suites: dict[str, SuiteRow],
+    suite_of: Callable[[str], SuiteRow | None],
     gpus: list[GpuState],
     *,
     now: float,
@@ -354,7 +354,7 @@ def queued_predictions(
     demand = memwatch.demands(
         store,
         jobs,
-        suites.get,
+        suite_of,
         gpus,
         empty,
         headroom_frac=DEFAULT_HEADROOM_FRAC,

@@ -154,6 +154,65 @@ def test_a_tier_past_the_suites_last_shows_the_last_ones_name(tmp_path: Path) ->
     assert (job["tier"], job["tier_index"], job["tiers"]) == (TIERS[-1].name, 9, len(TIERS))
 
 
+def test_suites_that_ended_are_not_decoded_yet_their_jobs_show_their_own_tiers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store keeps every suite ever submitted: status reads their GPU plans and tier names
+    from their rows without decoding them (15 ms a status with 250 suites); only a suite
+    whose queued jobs are predicted is. Each job still shows its own suite's tier names."""
+    from gpusched import codec
+    from gpusched.model import Tier
+
+    box = busy_box(tmp_path)
+    for i in range(30):
+        ladder = (Tier(name=f"x{i}"), Tier(name=f"y{i}"))
+        old = replace(mixed_suite(tmp_path), name=f"old{i}", tiers=ladder)
+        box.submit(replace(old, jobs=tuple(replace(j, suite=old.name) for j in old.jobs[:2])))
+        box.store.request_cancel([f"old{i}/0-qnli", f"old{i}/0-sst2"])
+    box.store.db.execute("UPDATE jobs SET tier = 1 WHERE id = 'old7/0-sst2'")
+    decoded: list[str] = []
+    real = codec.suite_from_json
+    monkeypatch.setattr(codec, "suite_from_json", lambda text: decoded.append(text) or real(text))
+    jobs = {j["id"]: j for j in box.status()["jobs"]}
+    assert len(decoded) == 1  # E1, whose queued jobs are predicted
+    assert (jobs["old7/0-sst2"]["tier"], jobs["old7/0-sst2"]["tiers"]) == ("y7", 2)
+    assert (jobs["old29/0-qnli"]["tier"], jobs["old29/0-qnli"]["state"]) == ("x29", "cancelled")
+    assert jobs["E1/5-rte"]["tier"] == TIERS[0].name and jobs["E1/5-rte"]["tiers"] == len(TIERS)
+
+
+def test_with_no_suite_at_work_the_cards_slots_are_those_of_the_suites_shown(tmp_path: Path) -> None:
+    """The GPU table's slots come from the plans of the suites at work; in the morning, when
+    none is, from the suites the table shows (the last night's), not every plan ever given."""
+    box = Box(tmp_path, GpuPlan(gpus=(0, 1, 2), slots=(1, 1, 1)), cards="3x24GiB")
+    box.submit(mixed_suite(tmp_path))
+    old = replace(mixed_suite(tmp_path), name="old")
+    old = replace(old, jobs=tuple(replace(j, suite="old") for j in old.jobs[:1]))
+    box.store.submit(
+        old, GpuPlan(gpus=(0, 1, 2), slots=(3, 3, 3)), backend="fake", cwd=str(tmp_path), env_path=None
+    )
+    args = {"daemon": None, "now": box.now, "trees": box._trees, "host": box.host}
+    at_work = status(box.store, box.probe.snapshot(), suites=["E1"], **args).doc()
+    assert [g["slots"] for g in at_work["gpus"]] == [1, 1, 1]
+    box.store.request_cancel([j.id for j in box.store.jobs()])
+    shown = status(box.store, box.probe.snapshot(), suites=["E1"], **args).doc()
+    assert [g["slots"] for g in shown["gpus"]] == [1, 1, 1]
+    every = status(box.store, box.probe.snapshot(), **args).doc()
+    assert [g["slots"] for g in every["gpus"]] == [3, 3, 3]
+
+
+def test_an_sqlite_without_json_each_is_the_same_clear_error() -> None:
+    """The tiers' names are read with json_each, a table-valued function of the same JSON1."""
+    import sqlite3
+
+    from gpusched.errors import StoreError
+
+    needs = r"JSON functions.*no such table: json_each.*SQLite 3\.38"
+    with pytest.raises(StoreError, match=needs), status_rows._json1():
+        raise sqlite3.OperationalError("no such table: json_each")
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O error"), status_rows._json1():
+        raise sqlite3.OperationalError("disk I/O error")
+
+
 FIELD_SETS = [
     ("id", "state"),
     ("state", "id", "last_line", "runtime_s"),  # a running job's entry is completed, then narrowed
