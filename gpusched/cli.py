@@ -786,7 +786,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     def show() -> str:
         # the table: the suites of the last day of work, unless --suite or --all says otherwise
-        suites, earlier = (None, []) if args.suite or args.all else recent_suites(store)
+        suites, earlier = (None, []) if args.suite or args.all else recent_suites(store, states=states)
         doc = _status_doc(args, store, rows, states, suites if earlier else None)
         return format_status(doc, max_jobs=rows, states=states, earlier=earlier, width=width, color=color)
 

@@ -36,19 +36,28 @@ TABLE_ORDER = ("running", "failed", "queued", "cancelled", "succeeded")  # what 
 #: end): last night's suite is there in the morning, or after a weekend, and last month's failures
 #: are not.
 RECENT_S = 24 * 3600
+#: The earlier suites the line under the table names (the rest it counts).
+EARLIER_NAMED = 4
 
 
-def recent_suites(store: Store, *, now: float | None = None) -> tuple[list[str], list[SuiteActivity]]:
-    """The suites plain ``status`` shows (:data:`RECENT_S`), oldest first, and the others,
-    newest first, with their jobs per state."""
+def recent_suites(
+    store: Store, *, now: float | None = None, states: Collection[str] | None = None
+) -> tuple[list[str], list[SuiteActivity]]:
+    """The suites plain ``status`` shows (:data:`RECENT_S`), oldest first, and the others with
+    jobs (in ``states``, when given), newest first, the first :data:`EARLIER_NAMED` with their
+    jobs per state (the line under the table names only those): a few index lookups a suite,
+    not a count of every job that months of suites left in the store."""
     seen = store.suite_activity()
     if not seen:
         return [], []
     newest = (time.time() if now is None else now) if any(a.active for a in seen) else seen[-1].last
     shown = [a.name for a in seen if a.active or a.last >= newest - RECENT_S]
     older = [a for a in reversed(seen) if a.name not in shown]
-    counts = store.counts_by_suite([a.name for a in older]) if older else {}
-    return shown, [replace(a, counts=counts[a.name]) for a in older]
+    if older:
+        having = set(store.suites_with(states or TABLE_ORDER, suites=[a.name for a in older]))
+        older = [a for a in older if a.name in having]
+    counts = store.counts_by_suite([a.name for a in older[:EARLIER_NAMED]]) if older else {}
+    return shown, [replace(a, counts=counts.get(a.name, {})) for a in older]
 
 
 def gib(mib: int | None) -> str:
@@ -494,22 +503,20 @@ def format_status(
     return "\n".join(out)
 
 
-def _earlier(earlier: Sequence[SuiteActivity], states: Collection[str] | None, named: int = 4) -> str:
+def _earlier(earlier: Sequence[SuiteActivity], states: Collection[str] | None) -> str:
     """``"earlier suites, not shown (the last ended Nov 24): old (3 failed), demo (6
-    succeeded); --suite NAME or --all"``: the older suites with jobs (in ``states`` when
-    given), newest first, each with its jobs by state, at most ``named`` of them by name;
-    ``""`` when there are none."""
-    listed = []
-    for a in earlier:
-        n = {s: a.counts[s] for s in TABLE_ORDER if a.counts.get(s) and (states is None or s in states)}
-        if n:
-            listed.append((a, ", ".join(f"{k} {s}" for s, k in n.items())))
-    if not listed:
+    succeeded); --suite NAME or --all"``: the older suites (:func:`recent_suites`, with jobs
+    in ``states``), newest first, at most :data:`EARLIER_NAMED` of them by name, each with its
+    jobs by state; ``""`` when there are none."""
+    if not earlier:
         return ""
-    names = [f"{a.name} ({jobs})" for a, jobs in listed[:named]]
-    if len(listed) > named:
-        names.append(f"{len(listed) - named} more")
-    when = time.strftime("%b %d", time.localtime(listed[0][0].last))
+    names = []
+    for a in earlier[:EARLIER_NAMED]:
+        n = {s: a.counts[s] for s in TABLE_ORDER if a.counts.get(s) and (states is None or s in states)}
+        names.append(f"{a.name} ({', '.join(f'{k} {s}' for s, k in n.items())})")
+    if len(earlier) > EARLIER_NAMED:
+        names.append(f"{len(earlier) - EARLIER_NAMED} more")
+    when = time.strftime("%b %d", time.localtime(earlier[0].last))
     return f"earlier suites, not shown (the last ended {when}): {', '.join(names)}; --suite NAME or --all"
 
 

@@ -894,6 +894,46 @@ def test_the_last_day_of_work_is_counted_back_from_the_newest_activity(tmp_path:
     assert recent_suites(Store(tmp_path / "empty.db"), now=now) == ([], [])
 
 
+def test_the_line_under_the_table_names_four_earlier_suites_and_counts_the_rest(tmp_path: Path) -> None:
+    """Months of suites stay in the store: the table's last line names the four newest of
+    those it leaves out, with their jobs by state, and counts the others; with ``--state``,
+    only the suites with jobs in those states. Counted from the store's indexes (a real one)."""
+    from gpusched.store import Store
+    from gpusched.views import recent_suites
+
+    store = Store(tmp_path / "gs.db")
+    now = 100 * DAY
+    for i, states in enumerate(["ff", "s", "sc", "s", "fs", "c", "s"]):
+        name = f"n{i}"
+        suite = replace(make_suite(tmp_path, len(states)), name=name)
+        suite = replace(suite, jobs=tuple(replace(j, suite=name) for j in suite.jobs))
+        store.submit(suite, GpuPlan(gpus=(0,), slots=(1,)), backend="fake", cwd=str(tmp_path), env_path=None)
+        full = {"f": "failed", "s": "succeeded", "c": "cancelled"}
+        for job, state in zip(suite.jobs, states, strict=True):
+            q = "UPDATE jobs SET state = ?, ended_at = ? WHERE id = ?"
+            store.db.execute(q, (full[state], now - (20 - i) * DAY, job.id))
+        store.db.commit()
+    store.submit(
+        replace(mixed_suite(tmp_path)),
+        GpuPlan(gpus=(0,), slots=(1,)),
+        backend="fake",
+        cwd="/p",
+        env_path=None,
+    )
+
+    def line(states: list[str] | None) -> str:
+        shown, earlier = recent_suites(store, now=now, states=states)
+        assert shown == ["E1"]
+        doc = {"daemon": None, "notice": None, "counts": {}, "gpus": [], "jobs": [], "host": {}}
+        return format_status(doc, earlier=earlier, states=states, width=200).splitlines()[-1]
+
+    assert line(None).endswith(
+        ": n6 (1 succeeded), n5 (1 cancelled), n4 (1 failed, 1 succeeded), n3 (1 succeeded), 3 more;"
+        " --suite NAME or --all"
+    )
+    assert line(["failed"]).endswith(": n4 (1 failed), n0 (2 failed); --suite NAME or --all")
+
+
 def test_wait_without_a_suite_judges_the_suites_that_ran_not_last_weeks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
