@@ -16,7 +16,7 @@
 #   bash benchmarks/gpu_machine.sh OUT_DIR [STEPS]    # STEPS: the OOM ladder's steps a job (4)
 #
 # Writes each part's output to OUT_DIR (in_turn.txt, gpu_checks.txt, dispatch.txt, runner.txt,
-# first_launch.txt, refill.txt, status.txt) as it goes, so what ran before a time limit is kept.
+# first_launch.txt, refill.txt, status.txt, status_suites.txt) as it goes, so what ran before a time limit is kept.
 # About 8-9 minutes on 16 cores and an H200 (a command of the lent machine may run 10): where less
 # time is left, run gpu_checks.sh on its own first.
 set -u
@@ -66,3 +66,5 @@ part runner 120 bash -c 'for r in 1 2 3; do for on in 1 0; do echo "GPUSCHED_RUN
 part first_launch 60 bash -c 'python3 benchmarks/bench_first_launch.py --rounds 8 $([ -d .before/gpusched ] && echo --before .before)'
 part refill 120 python3 benchmarks/bench_refill.py --jobs 300 --backend subprocess,tmux,tmux-reuse
 part status 60 python3 benchmarks/bench_status.py --runs 3
+# the same 10,000 jobs in 246 suites, as months of nights leave a store (benchmarks/README.md, "Stop 53")
+part status_suites 60 python3 benchmarks/bench_status.py --runs 3 --jobs 200 --older 40 --past-suites 245
