@@ -496,8 +496,9 @@ def _refuse_shared_output_dirs(store: Store, suite: Suite) -> None:
     mine = plan.output_dirs(suite, suite.jobs)
     if not mine:
         return
-    for row in store.suites():
-        if row.name == suite.name or row.suite.resume is None:
+    for name in sorted(store.active_suites() - {suite.name}):  # (not every suite the store kept)
+        row = store.suite(name)
+        if row is None or row.suite.resume is None:
             continue
         active = {j.name: j for j in store.jobs(suite=row.name, states=ACTIVE_STATES)}
         theirs = plan.output_dirs(row.suite, (j.spec for j in active.values()))

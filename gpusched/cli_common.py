@@ -110,7 +110,7 @@ def submitted_suite(name: str, *, only_active: bool = False) -> SuiteRow | None:
 
 def known_suite(store: Store, name: str) -> str:
     """``name`` when a suite of that name was submitted; else UsageError, with the nearest."""
-    names = [r[0] for r in store.db.execute("SELECT name FROM suites ORDER BY submitted_at")]
+    names = store.suite_names()
     if name not in names:
         raise UsageError(f"--suite {name}: no such suite{did_you_mean(name, names)}")
     return name

@@ -385,7 +385,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     store = _store()
     if args.suite is not None:
         name = known_suite(store, args.suite)
-    elif names := [s.name for s in store.suites()]:
+    elif names := store.suite_names():
         name = names[-1]
     else:
         raise UsageError("no suite submitted yet: nothing to report")

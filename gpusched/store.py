@@ -468,6 +468,10 @@ class Store:
         q = "SELECT name, gpus, slots FROM suites" + (f" WHERE {where}" if where else "")
         return {name: gpu_plan_of(gpus, slots) for name, gpus, slots in self.db.execute(q, args)}
 
+    def suite_names(self) -> list[str]:
+        """The suites' names, oldest submission first (no suite decoded)."""
+        return [name for (name,) in self.db.execute("SELECT name FROM suites ORDER BY submitted_at")]
+
     def backends(self) -> set[str]:
         """The backends the suites were submitted with (no suite's spec decoded)."""
         return {r[0] for r in self.db.execute("SELECT DISTINCT backend FROM suites")}

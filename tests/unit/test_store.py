@@ -90,10 +90,11 @@ def test_submit_queues_every_job_in_order_and_snapshots_the_suite(store: Store) 
 def test_the_backends_in_use_are_those_of_the_submitted_suites(store: Store) -> None:
     """What the daemon starts its executors for, before its first tick."""
     assert store.backends() == set()
-    submit(store, make_suite("E1"))
-    store.submit(make_suite("E2"), PLAN, backend="tmux", cwd="/p", env_path=None)
-    submit(store, make_suite("E3"))
+    submit(store, make_suite("E1"), now=1.0)
+    store.submit(make_suite("E2"), PLAN, backend="tmux", cwd="/p", env_path=None, now=2.0)
+    submit(store, make_suite("E3"), now=3.0)
     assert store.backends() == {"subprocess", "tmux"}
+    assert store.suite_names() == ["E1", "E2", "E3"]  # oldest submission first: `report` takes the last
 
 
 def test_resubmit_leaves_active_and_finished_jobs_alone_unless_rerun(store: Store) -> None:
