@@ -468,6 +468,10 @@ class Store:
         q = "SELECT name, gpus, slots FROM suites" + (f" WHERE {where}" if where else "")
         return {name: gpu_plan_of(gpus, slots) for name, gpus, slots in self.db.execute(q, args)}
 
+    def submitted_at(self, names: Sequence[str]) -> dict[str, float]:
+        """When each of the suites ``names`` that exist was last submitted, by name."""
+        return dict(_in_chunks(self.db, "SELECT name, submitted_at FROM suites WHERE name IN ({})", names))
+
     def suite_names(self) -> list[str]:
         """The suites' names, oldest submission first (no suite decoded)."""
         return [name for (name,) in self.db.execute("SELECT name FROM suites ORDER BY submitted_at")]

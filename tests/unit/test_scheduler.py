@@ -92,6 +92,24 @@ def test_fills_exactly_the_slots_of_the_plan_and_records_why_the_rest_waits(
     assert world.tick().launched == []  # nothing frees, nothing launches
 
 
+def test_a_suite_submitted_again_mid_night_launches_its_next_jobs_as_now_planned(
+    world: World, tmp_path: Path
+) -> None:
+    """The scheduler keeps each suite it launches from; the plan edited and submitted again
+    while its first jobs run, the next launch is the new plan's, not the remembered one."""
+    world.submit(make_suite(tmp_path, n=4))
+    assert len(world.tick().launched) == 3
+    edited = msgspec.structs.replace(
+        make_suite(tmp_path, n=4), command="python train.py --epochs 2 --config {config}"
+    )
+    world.now += 1
+    world.store.submit(edited, world.plan, backend="fake", cwd=str(tmp_path), env_path=None, now=world.now)
+    world.ex.finish(world.ex.launched[0].token, exit_code=0)
+    assert [job for job, _, _ in world.tick().launched] == ["E1/3-task"]
+    _, command = read_launch(Path(world.ex.launched[-1].attempt_dir) / "launch.sh")
+    assert "--epochs 2" in command
+
+
 def test_a_long_suite_at_the_head_of_the_queue_does_not_keep_another_suites_card_idle(tmp_path: Path) -> None:
     """E1's 300 jobs may use GPU 0 only, E2's few GPU 1 only (each suite its own --gpu-plan).
     A tick places from the queue's first ``candidates`` jobs, all E1's: E2's jobs were never
