@@ -180,10 +180,23 @@ def records(
     end, in attempt order (what `gpusched simulate` replays; the daemon keeps :class:`History`)."""
     peaks: dict[str, list[predict.PeakSample]] = defaultdict(list)
     runs: dict[str, list[predict.RunSample]] = defaultdict(list)
-    for _, peak, run in _rows(store, "j.task IN ({})", sorted(set(tasks))):
-        peaks[peak.task].append(peak)
-        if run is not None:
-            runs[run.task].append(run)
+    for task, job_id, tier, peak_mib, outcome, placed, seconds, attempt_id in history_rows(
+        store, "j.task IN ({})", sorted(set(tasks))
+    ):
+        peaks[task].append(
+            predict.PeakSample(
+                job_id=job_id,
+                task=task,
+                tier=tier,
+                peak_mib=peak_mib,
+                outcome=outcome,
+                predicted_mib=placed,
+            )
+        )
+        if seconds is not None:
+            runs[task].append(
+                predict.RunSample(job_id=job_id, task=task, tier=tier, seconds=seconds, attempt_id=attempt_id)
+            )
     return peaks, runs
 
 
@@ -216,61 +229,64 @@ class History:
         ended = self.store.exited[self._seen :]
         self._seen += len(ended)
         if ended and self._tasks:
-            self._add(_rows(self.store, "a.id IN ({})", list(ended), sorted(self._tasks)))
+            self._keep(
+                history_rows(self.store, "a.id IN ({})", list(ended), sorted(self._tasks)), whole=False
+            )
         if new := set(tasks) - self._tasks:
             self._tasks |= new
-            self._add(_rows(self.store, "j.task IN ({})", sorted(new)))
+            self._keep(history_rows(self.store, "j.task IN ({})", sorted(new)), whole=True)
         return {task: h for task, h in self._stats.items() if task in tasks}
 
     def maxima(self, tasks: Collection[str]) -> tuple[memory.Maxima, memory.Maxima]:
         """:func:`memory.peak_maxima` of ``tasks``' samples as of the last :meth:`read`."""
         return _only(self._ok, tasks), _only(self._floor, tasks)
 
-    def _add(self, rows: Iterable[_Row]) -> None:
-        for attempt_id, peak, run in rows:
-            memory.add_peak(self._ok, self._floor, peak)
-            kept = self._stats.get(peak.task)
+    def _keep(self, rows: Iterable[predict.HistoryRow], *, whole: bool) -> None:
+        """Ended attempts into their tasks' histories: the few a tick reaped
+        (:meth:`predict.TaskHistory.add`), or the whole history of tasks not read before
+        (:meth:`~predict.TaskHistory.extend`); and the maxima, of the tasks they touched."""
+        by_task: dict[str, list[predict.HistoryRow]] = {}
+        for row in rows:
+            by_task.setdefault(row[0], []).append(row)
+        for task, of_task in by_task.items():
+            kept = self._stats.get(task)
             if kept is None:
-                kept = self._stats[peak.task] = predict.TaskHistory(peak.task)
-            kept.add(peak)
-            if run is not None:
-                kept.add_run(run, attempt_id)
-
-
-_Row = tuple[int, predict.PeakSample, predict.RunSample | None]
+                kept = self._stats[task] = predict.TaskHistory(task)
+            (kept.extend if whole else kept.add)(of_task)
+            ok, floor = kept.maxima()
+            self._ok.update(((task, tier), mib) for tier, mib in ok.items())
+            self._floor.update(((task, tier), mib) for tier, mib in floor.items())
 
 
 def _only(maxima: memory.Maxima, tasks: Collection[str]) -> memory.Maxima:
     return {key: mib for key, mib in maxima.items() if key[0] in tasks}
 
 
-def _rows(store: Store, where: str, keys: Sequence[object], tasks: Sequence[str] = ()) -> Iterator[_Row]:
-    """(attempt id, its peak sample, its run sample or None) of the ended attempts with a
-    peak or an OOM where ``where`` (with one ``{}`` for ``keys``' placeholders) holds, of
-    ``tasks`` when given, in attempt order, 500 keys a query."""
+#: The ended attempts with a peak or an OOM where ``where`` holds, as :data:`predict.HistoryRow`
+#: (a run's seconds as Python's ``ended - started``: the same subtraction of the same doubles).
+_SELECT = (
+    "SELECT j.task, a.job_id, a.tier, a.peak_mib, a.outcome, a.predicted_mib,"
+    " CASE WHEN a.outcome = 'ok' AND a.ended_at > a.started_at THEN a.ended_at - a.started_at END, a.id"
+    " FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE +a.state = 'exited' AND {where}"
+    " AND (a.peak_mib IS NOT NULL OR a.outcome = 'oom')"
+    " AND a.id NOT IN (SELECT attempt_id FROM arrivals)"  # someone else's crash, not its need
+)
+
+
+def history_rows(
+    store: Store, where: str, keys: Sequence[object], tasks: Sequence[str] = ()
+) -> Iterator[predict.HistoryRow]:
+    """The ended attempts with a peak or an OOM where ``where`` (with one ``{}`` for ``keys``'
+    placeholders) holds, of ``tasks`` when given, as :data:`predict.HistoryRow`, in attempt
+    order, 500 keys a query."""
+    cur = store.db.cursor()
+    cur.row_factory = None  # tuples, as a HistoryRow is (a sqlite3.Row a row: 7 % more of a whole read)
     for i in range(0, len(keys), 500):
         chunk = list(keys[i : i + 500])
-        sql = (
-            "SELECT a.id, a.job_id, j.task, a.tier, a.peak_mib, a.outcome, a.predicted_mib, a.started_at,"
-            " a.ended_at FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE +a.state = 'exited'"
-            f" AND {where.format(','.join('?' * len(chunk)))}"
-            " AND (a.peak_mib IS NOT NULL OR a.outcome = 'oom')"
-            " AND a.id NOT IN (SELECT attempt_id FROM arrivals)"  # someone else's crash, not its need
-        )
+        sql = _SELECT.format(where=where.format(",".join("?" * len(chunk))))
         if tasks:
             sql += f" AND j.task IN ({','.join('?' * len(tasks))})"
-        for attempt_id, job_id, task, tier, peak, result, placed_with, started, ended in store.db.execute(
-            sql + " ORDER BY a.id", [*chunk, *tasks]
-        ):
-            sample = predict.PeakSample(
-                job_id=job_id, task=task, tier=tier, peak_mib=peak, outcome=result, predicted_mib=placed_with
-            )
-            run = None
-            if result == Outcome.OK and started is not None and ended is not None and ended > started:
-                run = predict.RunSample(
-                    job_id=job_id, task=task, tier=tier, seconds=ended - started, attempt_id=attempt_id
-                )
-            yield attempt_id, sample, run
+        yield from cur.execute(sql + " ORDER BY a.id", [*chunk, *tasks])
 
 
 class Running(Struct, frozen=True):

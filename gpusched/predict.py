@@ -32,7 +32,8 @@ need, so a prediction from (1) or (2) is never below them. Samples of other outc
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from msgspec import Struct
 
@@ -101,7 +102,7 @@ def _after_oom(
     ooms = _OomStats()
     for s in samples:
         if s.outcome == Outcome.OOM:
-            ooms.add(s)
+            ooms.add(s.peak_mib, s.predicted_mib)
     return ooms.after(source, usable_mib, default_mib)
 
 
@@ -140,6 +141,15 @@ class RunSample(Struct, frozen=True, kw_only=True):
     tier: int
     seconds: float
     attempt_id: int = 0  # (0: not known)
+
+
+#: One ended attempt of a task with a peak or an OOM, as :class:`TaskHistory` keeps it (a row of
+#: the store's, :func:`memwatch.history_rows`): task, job id, tier, peak (MiB), outcome, the
+#: prediction it was placed with, how long it ran if it succeeded (else ``None``: also one whose
+#: start or end is not known), and its place among the task's attempts (its id). The
+#: :class:`PeakSample` and :class:`RunSample` of :func:`predict_peak` and :func:`predict_duration`,
+#: in one row, with no record made per run.
+HistoryRow = tuple[str, str, int, int | None, str, int | None, float | None, int]
 
 
 class Duration(Struct, frozen=True, kw_only=True):
@@ -204,12 +214,13 @@ class _OomStats:
         self.peak: int | None = None
         self.placed: int | None = None
 
-    def add(self, s: PeakSample) -> None:
+    def add(self, peak_mib: int | None, predicted_mib: int | None) -> None:
+        """One more OOM: its peak and what it was placed with (each may be unknown)."""
         self.n += 1
-        if s.peak_mib is not None:
-            self.peak = s.peak_mib if self.peak is None else max(self.peak, s.peak_mib)
-        if s.predicted_mib is not None:
-            self.placed = s.predicted_mib if self.placed is None else max(self.placed, s.predicted_mib)
+        if peak_mib is not None:
+            self.peak = peak_mib if self.peak is None else max(self.peak, peak_mib)
+        if predicted_mib is not None:
+            self.placed = predicted_mib if self.placed is None else max(self.placed, predicted_mib)
 
     def after(self, source: str, usable_mib: int | None, default_mib: int | None) -> Prediction:
         """What these OOMs predict when nothing at the tier succeeded: a card and one MiB if one
@@ -242,22 +253,42 @@ class TaskHistory:
         self._own_oom: dict[tuple[str, int], _OomStats] = {}
         self._own_runs: dict[tuple[str, int], list[tuple[int, float]]] = {}  # (attempt order, seconds)
 
-    def add(self, s: PeakSample) -> None:
-        """One more sample (any order: nothing kept of them depends on it)."""
-        self.jobs.add(s.job_id)
-        key = (s.job_id, s.tier)
-        if s.outcome == Outcome.OK and s.peak_mib is not None:
-            bisect.insort(self._ok.setdefault(s.tier, []), s.peak_mib)
-            own = self._own_ok.get(key)
-            self._own_ok[key] = s.peak_mib if own is None else max(own, s.peak_mib)
-        elif s.outcome == Outcome.OOM:
-            self._oom.setdefault(s.tier, _OomStats()).add(s)
-            self._own_oom.setdefault(key, _OomStats()).add(s)
+    def add(self, rows: Iterable[HistoryRow]) -> None:
+        """A few more of this task's ended attempts (:data:`HistoryRow`; any order: nothing kept
+        of them depends on it), each put in place in the sorted lists: what a tick's reaps add."""
+        self._keep(rows, bisect.insort)
 
-    def add_run(self, r: RunSample, order: int) -> None:
-        """One more run; ``order``: its attempt's place among the task's (its id)."""
-        bisect.insort(self._runs.setdefault(r.tier, []), r.seconds)
-        bisect.insort(self._own_runs.setdefault((r.job_id, r.tier), []), (order, r.seconds))
+    def extend(self, rows: Iterable[HistoryRow]) -> None:
+        """Many of them (a history read whole: the daemon's start, after a submit, every
+        ``status`` that predicts), kept as :meth:`add` keeps them: appended, then each list
+        sorted once, n log n for a task's n runs where an insertion into a sorted list moves up
+        to n values each time (50,000 runs of a task: ~0.5 s of insertions)."""
+        self._keep(rows, list.append)
+        for kept in (self._ok, self._runs, self._own_runs):
+            for values in kept.values():
+                values.sort()  # (a sorted list appended to is two runs to Timsort)
+
+    def maxima(self) -> tuple[dict[int, int], dict[int, int]]:
+        """Per tier, the largest peak of a successful run and of an OOM (the tiers with one):
+        :func:`memory.peak_maxima` of this task's samples, by tier."""
+        ok = {tier: peaks[-1] for tier, peaks in self._ok.items()}
+        return ok, {tier: o.peak for tier, o in self._oom.items() if o.peak is not None}
+
+    def _keep(self, rows: Iterable[HistoryRow], put: Callable[[list[Any], Any], None]) -> None:
+        ok, runs, own_ok, own_runs = self._ok, self._runs, self._own_ok, self._own_runs
+        for _, job_id, tier, peak_mib, outcome, predicted_mib, seconds, order in rows:
+            self.jobs.add(job_id)
+            key = (job_id, tier)
+            if outcome == Outcome.OK and peak_mib is not None:
+                put(ok.setdefault(tier, []), peak_mib)
+                own = own_ok.get(key)
+                own_ok[key] = peak_mib if own is None else max(own, peak_mib)
+            elif outcome == Outcome.OOM:
+                self._oom.setdefault(tier, _OomStats()).add(peak_mib, predicted_mib)
+                self._own_oom.setdefault(key, _OomStats()).add(peak_mib, predicted_mib)
+            if seconds is not None:  # a successful run: how long it took
+                put(runs.setdefault(tier, []), seconds)
+                put(own_runs.setdefault(key, []), (order, seconds))
 
     def peak(
         self,

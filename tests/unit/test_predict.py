@@ -222,46 +222,59 @@ def test_run_time_is_learned_like_peaks(runs: list[RunSample], running_s: float 
 # --------------------------------------------------------------------------- TaskHistory
 
 _JOBS = st.sampled_from(["j0", "j1", "j2", "j3"])
-_SAMPLE = st.builds(
-    PeakSample,
-    job_id=_JOBS,
-    task=st.just(TASK),
-    tier=st.integers(0, 2),
-    peak_mib=st.one_of(st.none(), st.integers(0, 30_000)),
-    outcome=st.sampled_from(["ok", "ok", "ok", "oom", "error"]),
-    predicted_mib=st.one_of(st.none(), st.integers(0, 30_000)),
+#: an ended attempt as the store gives it (predict.HistoryRow) but its order, which is its place
+_ROW = st.tuples(
+    st.just(TASK),
+    _JOBS,
+    st.integers(0, 2),
+    st.one_of(st.none(), st.integers(0, 30_000)),
+    st.sampled_from(["ok", "ok", "ok", "oom", "error"]),
+    st.one_of(st.none(), st.integers(0, 30_000)),
+    st.one_of(st.none(), st.floats(1.0, 9e4)),
 )
-#: few samples, or enough that a tier's p90 is not simply its largest (ten or more)
-_SAMPLES = st.one_of(st.lists(_SAMPLE, max_size=12), st.lists(_SAMPLE, min_size=30, max_size=80))
-_RUNS = st.lists(
-    st.builds(
-        RunSample, job_id=_JOBS, task=st.just(TASK), tier=st.integers(0, 2), seconds=st.floats(1.0, 9e4)
-    ),
-    max_size=30,
-)
+#: few attempts, or enough that a tier's p90 is not simply its largest (ten or more)
+_ROWS = st.one_of(st.lists(_ROW, max_size=12), st.lists(_ROW, min_size=30, max_size=80))
 
 
 #: (default_mib, usable_mib, running_mib) as placement passes them
 _FALLBACKS = ((9000, 20_000, None), (None, None, None), (4000, None, 12_000))
 
 
-@given(_SAMPLES, _RUNS, st.randoms(use_true_random=False))
-def test_a_kept_task_history_predicts_what_a_pass_over_its_samples_does(samples, runs, rng) -> None:  # type: ignore[no-untyped-def]
+@given(_ROWS, st.randoms(use_true_random=False))
+def test_a_kept_task_history_predicts_what_a_pass_over_its_samples_does(drawn, rng) -> None:  # type: ignore[no-untyped-def]
     """The daemon keeps each task's history as runs end (``TaskHistory``) instead of passing over
-    every sample each tick: for any samples and runs, added one by one in their order or in any
-    order, it must predict exactly what ``predict_peak`` and ``predict_duration`` do."""
+    every sample each tick: for any ended attempts, added one by one in their order or in any
+    order, a few at a time, or read whole at once (``extend``, as the daemon's start and every
+    ``status`` do) or in two reads, it must predict exactly what ``predict_peak`` and
+    ``predict_duration`` do over the same samples, and its maxima be ``peak_maxima``'s."""
+    from gpusched.memory import peak_maxima
     from gpusched.predict import TaskHistory
 
-    in_order, shuffled = TaskHistory(TASK), TaskHistory(TASK)
-    for s in samples:
-        in_order.add(s)
-    for k, r in enumerate(runs):
-        in_order.add_run(r, k)
-    for s in rng.sample(samples, len(samples)):
-        shuffled.add(s)
-    for k in rng.sample(range(len(runs)), len(runs)):
-        shuffled.add_run(runs[k], k)
-    for h in (in_order, shuffled):
+    # a run time only for a success, as the store gives one; the order is the attempt's place
+    rows = [(*r[:6], r[6] if r[4] == "ok" else None, k) for k, r in enumerate(drawn)]
+    samples = [
+        PeakSample(job_id=j, task=t, tier=tier, peak_mib=peak, outcome=o, predicted_mib=placed)
+        for t, j, tier, peak, o, placed, _, _ in rows
+    ]
+    runs = [
+        RunSample(job_id=j, task=t, tier=tier, seconds=sec, attempt_id=k)
+        for t, j, tier, _, _, _, sec, k in rows
+        if sec is not None
+    ]
+    in_order, shuffled, few, whole, two_reads = (TaskHistory(TASK) for _ in range(5))
+    for r in rows:
+        in_order.add([r])
+    for r in rng.sample(rows, len(rows)):
+        shuffled.add([r])
+    for i in range(0, len(rows), 3):
+        few.add(rows[i : i + 3])
+    whole.extend(rng.sample(rows, len(rows)))
+    half = len(rows) // 2
+    two_reads.extend(rows[half:])
+    two_reads.extend(rows[:half])
+    ok, floor = peak_maxima(samples)
+    for h in (in_order, shuffled, few, whole, two_reads):
+        assert h.maxima() == ({t: m for (_, t), m in ok.items()}, {t: m for (_, t), m in floor.items()})
         assert h.jobs == {s.job_id for s in samples}
         for job in ("j0", "j1", "j9"):
             for tier in range(5):
