@@ -3,14 +3,16 @@ wall time of the whole command (interpreter start included), median of several r
 commands taking turns).
 
     python benchmarks/bench_status.py [--jobs 10000] [--older 40] [--past-suites 1] [--runs 7]
-                                      [--before DIR] [--keep] [--instructions]
+                                      [--peaks] [--before DIR] [--keep] [--instructions]
 
 The store is filled in-process (``Store.submit`` of one suite, then attempts through the
 store's own transitions): most jobs queued, some succeeded, some failed (with an attempt
 each), 14 running; beside them, ``--older`` jobs of a suite that ended three days earlier,
 which plain ``status`` leaves out and names in one line; ``--past-suites K``: K such suites
 (a store that kept many nights of suites: ``--jobs 200 --past-suites 245`` is 10,000 jobs in
-246 suites, as a few months of 40-job nights leave it). No daemon runs; the probe is 16
+246 suites, as a few months of 40-job nights leave it). ``--peaks``: every ended run reports
+its peak GPU memory, as on a GPU, so the queued jobs' predictions read that history (the
+suites' jobs are all one task: its whole history). No daemon runs; the probe is 16
 fake GPUs, but for one more row of the plain ``status`` with the real NVML probe (what a
 user's command loads; on a machine without a GPU it finds no driver and says so). ``--fields
 id,state`` is the JSON a script that needs only those keys asks for. ``python -c pass`` and
@@ -43,10 +45,19 @@ from _harness import Sandbox, machine, median, sandbox, table
 
 
 def fill(
-    sb: Sandbox, n: int, *, succeeded: int, failed: int, running: int, name: str = "big", ago_s: float = 0.0
+    sb: Sandbox,
+    n: int,
+    *,
+    succeeded: int,
+    failed: int,
+    running: int,
+    name: str = "big",
+    ago_s: float = 0.0,
+    peaks: bool = False,
 ) -> None:
     """``n`` jobs of suite ``name``, with attempts for the first ``succeeded + failed + running``,
-    submitted, run and ended as if ``ago_s`` seconds ago."""
+    submitted, run and ended as if ``ago_s`` seconds ago; ``peaks``: each ended run reports its
+    peak GPU memory, as a run on a GPU does."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from gpusched import flags, plan
     from gpusched.home import this_host
@@ -88,7 +99,12 @@ def fill(
         store.mark_running(aid, handle, now=now - 600 + k * 0.01)
         if k < succeeded + failed:
             bad = k >= succeeded
-            rec = ExitRecord(exit_code=1 if bad else 0, started_at=now - 600 + k * 0.01, ended_at=now - 300)
+            rec = ExitRecord(
+                exit_code=1 if bad else 0,
+                started_at=now - 600 + k * 0.01,
+                ended_at=now - 300,
+                peak_mib=9000 + k % 500 if peaks else None,
+            )
             store.finish_attempt(
                 aid,
                 exit=rec,
@@ -149,6 +165,12 @@ def main(argv: list[str] | None = None) -> int:
         help="how many suites of --older jobs each, all ended three days before the first",
     )
     ap.add_argument(
+        "--peaks",
+        action="store_true",
+        help="every ended run reports its peak GPU memory, as on a GPU: the queued jobs' predictions"
+        " then read that history (of one task: the suites' jobs are all of it)",
+    )
+    ap.add_argument(
         "--before",
         metavar="DIR",
         help="another checkout of gpusched (e.g. `git worktree add /tmp/before COMMIT`): its commands are"
@@ -171,8 +193,9 @@ def main(argv: list[str] | None = None) -> int:
             n = args.older
             for i in range(args.past_suites):
                 name = "lastweek" + (str(i) if i else "")
-                fill(sb, n, succeeded=n - 2, failed=2, running=0, name=name, ago_s=3 * 86400 + i)
-        fill(sb, args.jobs, succeeded=args.jobs // 5, failed=args.jobs // 50, running=14)
+                ago = 3 * 86400 + i
+                fill(sb, n, succeeded=n - 2, failed=2, running=0, name=name, ago_s=ago, peaks=args.peaks)
+        fill(sb, args.jobs, succeeded=args.jobs // 5, failed=args.jobs // 50, running=14, peaks=args.peaks)
         fill_s = time.perf_counter() - t0
         env = sb.env(GPUSCHED_FAKE_GPUS="16x24GiB", COLUMNS="160")
         real = {k: v for k, v in env.items() if k != "GPUSCHED_FAKE_GPUS"}
@@ -215,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows[-1].append(f"{instructions(cmd, cmd_env, sb.project) / 1e6:.0f}")
     print(
         f"Status with {args.jobs} jobs in the store (and {args.older} of each of {args.past_suites} suite(s)"
-        f" ended three days earlier;"
+        f" ended three days earlier{'; every ended run with a peak' if args.peaks else ''};"
         f" filled in {fill_s:.1f} s), median of {args.runs} runs "
         f"({machine()})\n"
     )
