@@ -181,7 +181,7 @@ def records(
     peaks: dict[str, list[predict.PeakSample]] = defaultdict(list)
     runs: dict[str, list[predict.RunSample]] = defaultdict(list)
     for task, job_id, tier, peak_mib, outcome, placed, seconds, attempt_id in history_rows(
-        store, "j.task IN ({})", sorted(set(tasks))
+        store, tasks=sorted(set(tasks))
     ):
         peaks[task].append(
             predict.PeakSample(
@@ -228,13 +228,12 @@ class History:
             self._seen = len(self.store.exited)
         ended = self.store.exited[self._seen :]
         self._seen += len(ended)
-        if ended and self._tasks:
-            self._keep(
-                history_rows(self.store, "a.id IN ({})", list(ended), sorted(self._tasks)), whole=False
-            )
+        if ended and self._tasks:  # (of the tasks read so far: the others are read whole when asked)
+            reaped = [r for r in history_rows(self.store, attempts=ended) if r[0] in self._tasks]
+            self._keep(reaped, whole=False)
         if new := set(tasks) - self._tasks:
             self._tasks |= new
-            self._keep(history_rows(self.store, "j.task IN ({})", sorted(new)), whole=True)
+            self._keep(history_rows(self.store, tasks=sorted(new)), whole=True)
         return {task: h for task, h in self._stats.items() if task in tasks}
 
     def maxima(self, tasks: Collection[str]) -> tuple[memory.Maxima, memory.Maxima]:
@@ -270,23 +269,26 @@ _SELECT = (
     " FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE +a.state = 'exited' AND {where}"
     " AND (a.peak_mib IS NOT NULL OR a.outcome = 'oom')"
     " AND a.id NOT IN (SELECT attempt_id FROM arrivals)"  # someone else's crash, not its need
+    " ORDER BY a.id"
 )
 
 
 def history_rows(
-    store: Store, where: str, keys: Sequence[object], tasks: Sequence[str] = ()
+    store: Store, *, tasks: Sequence[str] = (), attempts: Sequence[int] = ()
 ) -> Iterator[predict.HistoryRow]:
-    """The ended attempts with a peak or an OOM where ``where`` (with one ``{}`` for ``keys``'
-    placeholders) holds, of ``tasks`` when given, as :data:`predict.HistoryRow`, in attempt
-    order, 500 keys a query."""
+    """The ended attempts with a peak or an OOM, as :data:`predict.HistoryRow`, in attempt
+    order: those of ``tasks`` in one query whatever their number (SQLite reads the names from
+    one JSON array: a plan without ``task:`` asks for one task per job, and 500 names a query
+    walked every run once per 500), then those of ``attempts`` (ids: a tick's few), 500 a query."""
     cur = store.db.cursor()
     cur.row_factory = None  # tuples, as a HistoryRow is (a sqlite3.Row a row: 7 % more of a whole read)
-    for i in range(0, len(keys), 500):
-        chunk = list(keys[i : i + 500])
-        sql = _SELECT.format(where=where.format(",".join("?" * len(chunk))))
-        if tasks:
-            sql += f" AND j.task IN ({','.join('?' * len(tasks))})"
-        yield from cur.execute(sql + " ORDER BY a.id", [*chunk, *tasks])
+    if tasks:
+        yield from cur.execute(
+            _SELECT.format(where="j.task IN (SELECT value FROM json_each(?))"), [json.dumps(tasks)]
+        )
+    for i in range(0, len(attempts), 500):
+        chunk = list(attempts[i : i + 500])
+        yield from cur.execute(_SELECT.format(where=f"a.id IN ({','.join('?' * len(chunk))})"), chunk)
 
 
 class Running(Struct, frozen=True):

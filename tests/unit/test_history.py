@@ -86,12 +86,35 @@ def test_a_tick_reads_the_runs_that_ended_not_the_whole_history(store: Store) ->
     del seen[:]
     assert history.read({"t"})["t"].peak("E1/j4", 0, default_mib=None).mib == 9000
     reads = [q for q in seen if "FROM attempts a JOIN jobs j" in q]
-    assert len(reads) == 1 and "a.id IN (" in reads[0] and "j.task IN" in reads[0], reads
+    assert len(reads) == 1 and "a.id IN (" in reads[0] and "j.task IN" not in reads[0], reads
     del seen[:]
     history.read({"t"})  # nothing ended since: no read at all
     assert not [q for q in seen if "FROM attempts a JOIN jobs j" in q]
     store.db.set_trace_callback(None)
     assert same_as_fresh(history, store, ["t"])
+
+
+def test_a_history_read_whole_is_one_query_however_many_tasks_it_asks_for(store: Store) -> None:
+    """A plan without ``task:`` makes each job its own task, and the predictions of a 10k-job
+    queue ask for every one: read 500 names a query, each query walked every run of the store
+    again. The names go to SQLite in one JSON array, and a tick's reaps are matched to the tasks
+    read so far in Python, not by a list of every name."""
+    end(store, "E1/j0", "a", 8000)
+    end(store, "E1/j1", "b", 8200)
+    many = {"t", *(f"task{k}" for k in range(1200))}  # (only "t" has runs)
+    history = memwatch.History(store)
+    seen: list[str] = []
+    store.db.set_trace_callback(seen.append)
+    kept = history.read(many)
+    assert len([q for q in seen if "FROM attempts a JOIN jobs j" in q]) == 1, seen
+    assert set(kept) == {"t"} and kept["t"].jobs == {"E1/j0", "E1/j1"}
+    end(store, "E1/j2", "c", 8400)
+    del seen[:]
+    assert history.read(many)["t"].jobs == {"E1/j0", "E1/j1", "E1/j2"}
+    (read,) = [q for q in seen if "FROM attempts a JOIN jobs j" in q]
+    assert len(read) < 1500, read  # the reaped attempt's id, not 1,201 task names
+    store.db.set_trace_callback(None)
+    assert same_as_fresh(history, store, ["t", "task7"])
 
 
 def test_another_connections_commit_or_a_rollback_makes_it_read_again(store: Store, tmp_path: Path) -> None:
