@@ -12,6 +12,7 @@ The schema text is :mod:`gpusched.schema`; the row records are :mod:`gpusched.re
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -78,7 +79,10 @@ MIN_SQLITE = (3, 24, 0)
 
 
 def check_sqlite() -> None:
-    """Raise :class:`StoreError` when the SQLite this Python uses is older than :data:`MIN_SQLITE`."""
+    """Raise :class:`StoreError` when the SQLite this Python uses is older than :data:`MIN_SQLITE`,
+    or was built without its JSON functions (standard since 3.38, an option before): the daemon
+    reads the history a prediction needs and a suite's ``notify:`` with them, ``status`` its
+    entries. Refused when the store opens, not with "no such function" in the middle of a night."""
     version = sqlite3.sqlite_version_info
     if version < MIN_SQLITE:
         have, need = ".".join(map(str, version)), ".".join(map(str, MIN_SQLITE))
@@ -86,6 +90,25 @@ def check_sqlite() -> None:
             f"gpusched needs SQLite {need} or later, but this Python ({sys.executable}) uses SQLite "
             f"{have}: use a Python linked with a newer one (python.org, conda and uv builds bundle one)"
         )
+    if not _json_functions():
+        raise StoreError(
+            f"gpusched needs SQLite's JSON functions, which the SQLite {sqlite3.sqlite_version} this Python"
+            f" ({sys.executable}) uses was built without: use a Python linked with SQLite 3.38 or later"
+            " (python.org, conda and uv builds bundle one)"
+        )
+
+
+@functools.cache
+def _json_functions() -> bool:
+    """Whether this Python's SQLite has its JSON functions (asked once a process)."""
+    db = sqlite3.connect(":memory:")
+    try:
+        db.execute("SELECT json_valid('[]'), (SELECT COUNT(*) FROM json_each('[1]'))")
+    except sqlite3.OperationalError:  # "no such function: json_valid"
+        return False
+    finally:
+        db.close()
+    return True
 
 
 def _unreadable(path: Path, e: sqlite3.Error) -> str:

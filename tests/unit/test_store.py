@@ -516,6 +516,28 @@ def test_an_sqlite_too_old_for_the_store_is_one_clear_line_before_anything_is_wr
     assert not (home / "gpusched.db").exists()
 
 
+def test_an_sqlite_without_json_functions_is_one_clear_line_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An SQLite before 3.38 built without its JSON functions (an option then) would let the
+    daemon start and fail at its first prediction or a suite's end; it gets one line when the
+    store opens, exit 2, and no database file. (The probe itself answers yes in every other test.)"""
+    from gpusched import store as store_module
+    from gpusched.cli import main
+
+    assert store_module._json_functions()  # this machine's SQLite has them
+    monkeypatch.setattr(store_module, "_json_functions", lambda: False)
+    home = tmp_path / "home"
+    monkeypatch.setenv("GPUSCHED_HOME", str(home))
+    with pytest.raises(StoreError, match=r"needs SQLite's JSON functions.*SQLite 3\.38 or later"):
+        Store(tmp_path / "x.db")
+    assert not (tmp_path / "x.db").exists()
+    assert main(["status"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs SQLite's JSON functions" in err[0] and "Traceback" not in err[0]
+    assert not (home / "gpusched.db").exists()
+
+
 def test_no_index_is_written_twice_at_each_change(tmp_path: Path) -> None:
     """Every index costs each insert and each move of a row that it holds: no two indexes of a
     table hold the same columns over the same rows (``attempts_job`` did: SQLite already keeps
