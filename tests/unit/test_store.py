@@ -502,17 +502,36 @@ def test_an_sqlite_too_old_for_the_store_is_one_clear_line_before_anything_is_wr
 ) -> None:
     """A Python linked with an SQLite before 3.24 (no UPSERT: pyenv on CentOS 7 has 3.7.17)
     gets one line naming both versions and the way out, exit 2, and no database file."""
+    monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 7, 17))
+    refused_in_one_line(
+        tmp_path,
+        monkeypatch,
+        capsys,
+        match=r"needs SQLite 3\.24\.0 or later.*uses SQLite 3\.7\.17",
+        says="needs SQLite 3.24.0 or later",
+    )
+
+
+def refused_in_one_line(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    *,
+    match: str,
+    says: str,
+) -> None:
+    """Opening a store raises ``match``, writing no file, and ``gpusched status`` says ``says``
+    in one line on stderr, no traceback, exit 2, and leaves no database in its home either."""
     from gpusched.cli import main
 
-    monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 7, 17))
     home = tmp_path / "home"
     monkeypatch.setenv("GPUSCHED_HOME", str(home))
-    with pytest.raises(StoreError, match=r"needs SQLite 3\.24\.0 or later.*uses SQLite 3\.7\.17"):
+    with pytest.raises(StoreError, match=match):
         Store(tmp_path / "x.db")
     assert not (tmp_path / "x.db").exists()
     assert main(["status"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "needs SQLite 3.24.0 or later" in err[0] and "Traceback" not in err[0]
+    assert len(err) == 1 and says in err[0] and "Traceback" not in err[0]
     assert not (home / "gpusched.db").exists()
 
 
@@ -523,19 +542,16 @@ def test_an_sqlite_without_json_functions_is_one_clear_line_before_anything_is_w
     daemon start and fail at its first prediction or a suite's end; it gets one line when the
     store opens, exit 2, and no database file. (The probe itself answers yes in every other test.)"""
     from gpusched import store as store_module
-    from gpusched.cli import main
 
     assert store_module._json_functions()  # this machine's SQLite has them
     monkeypatch.setattr(store_module, "_json_functions", lambda: False)
-    home = tmp_path / "home"
-    monkeypatch.setenv("GPUSCHED_HOME", str(home))
-    with pytest.raises(StoreError, match=r"needs SQLite's JSON functions.*SQLite 3\.38 or later"):
-        Store(tmp_path / "x.db")
-    assert not (tmp_path / "x.db").exists()
-    assert main(["status"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "needs SQLite's JSON functions" in err[0] and "Traceback" not in err[0]
-    assert not (home / "gpusched.db").exists()
+    refused_in_one_line(
+        tmp_path,
+        monkeypatch,
+        capsys,
+        match=r"needs SQLite's JSON functions.*SQLite 3\.38 or later",
+        says="needs SQLite's JSON functions",
+    )
 
 
 def test_no_index_is_written_twice_at_each_change(tmp_path: Path) -> None:
