@@ -284,8 +284,8 @@ def simple_gpu_scheduler(n: int, slots: int) -> Took:
 TOOLS: dict[str, tuple[Callable[[int, int], Took], Callable[[], bool]]] = {
     "gpusched (subprocess)": (gpusched("subprocess"), lambda: True),
     "gpusched (tmux)": (gpusched("tmux"), lambda: bool(shutil.which("tmux"))),
-    "gpusched (tmux, reused panes)": (
-        gpusched("tmux", GPUSCHED_TMUX_PANES="reuse"),
+    "gpusched (tmux, a window per job)": (
+        gpusched("tmux", GPUSCHED_TMUX_PANES="job"),
         lambda: bool(shutil.which("tmux")),
     ),
     "floor: gpusched's files + wrapper, no scheduler (subprocess)": (floor("subprocess"), lambda: True),

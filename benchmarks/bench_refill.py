@@ -2,14 +2,15 @@
 jobs themselves see it (each records the clock as its first and last act), p50 / p99 / max.
 
     python benchmarks/bench_refill.py [--jobs 500] [--slots 16] [--sleep 0.5-1.4]
-                                      [--backend subprocess,tmux,tmux-reuse]
+                                      [--backend subprocess,tmux,tmux-job,tmux-reuse]
 
 Each backend gets its own private home and daemon: ``--slots`` fake GPUs with one slot each,
 jobs that sleep 0.5-1.4 s (ten durations, so that ends do not all coincide; about 17 ends a
 second on 16 slots, a latency test, not a throughput one), started by the real CLI. The gap
 is what the event-driven design is about: the wrapper writes exit.json and pokes the daemon's
 FIFO, the daemon wakes, reaps, places and launches, the next wrapper starts its job; no
-polling interval is involved, and every step of it is inside the gap.
+polling interval is involved, and every step of it is inside the gap. ``tmux`` runs its panes
+as by default (``auto``); ``tmux-job`` and ``tmux-reuse`` with GPUSCHED_TMUX_PANES=job or reuse.
 """
 
 from __future__ import annotations
@@ -56,10 +57,10 @@ def run(backend: str, n: int, slots: int, durations: list[float]) -> list[float]
     with sandbox() as sb:
         sb.write_plan("refill", n, command=COMMAND, sleeps=durations)
         env = sb.env(GPUSCHED_FAKE_GPUS=f"{slots}x24GiB")
-        if backend == "tmux-reuse":  # tmux, its panes reused (GPUSCHED_TMUX_PANES=reuse)
-            env["GPUSCHED_TMUX_PANES"] = "reuse"
+        how, _, panes = backend.partition("-")  # tmux-job: tmux, GPUSCHED_TMUX_PANES=job
+        if panes:
+            env["GPUSCHED_TMUX_PANES"] = panes
         plan = ",".join("1" * slots)
-        how = backend.removesuffix("-reuse")
         sb.cli("submit", "--suite", "refill", "--gpu-plan", plan, "--backend", how, env=env)
         sb.wait_all_done(n, poll_s=0.05)
         bad = {k: v for k, v in sb.counts().items() if k != "succeeded"}

@@ -4,7 +4,8 @@
     python benchmarks/soak.py --jobs 50 --kills 5  # what tests/integration/test_chaos.py runs
 
 Drives gpusched as a user does: the real CLI in subprocesses, the real daemon, detached
-processes (``--backend subprocess``; ``--backend tmux`` and ``tmux-reuse`` work too), the real
+processes (``--backend subprocess``; ``--backend tmux``, its panes as by default, and ``tmux-job``
+or ``tmux-reuse``, GPUSCHED_TMUX_PANES=job or reuse, work too), the real
 SQLite file, in a private GPUSCHED_HOME under a scratch directory that is deleted afterwards. Each job appends
 its id to one shared file when it starts, so launches are counted from the jobs' own side
 effects, not from what the store says. The daemon is killed at moments picked by a seeded
@@ -95,12 +96,12 @@ class Chaos:
         self.project = root / "project"
         self.launches = root / "launches.txt"
         self.gate = root / "gate"  # the last job ends once this exists: after the last kill
-        self.backend = backend.removesuffix("-reuse")  # tmux-reuse: tmux, its panes reused
+        self.backend, _, panes = backend.partition("-")  # tmux-job: tmux, GPUSCHED_TMUX_PANES=job
         self.plan = ",".join([str(slots)] * gpus)
         self.env = {k: v for k, v in os.environ.items() if k not in ("TMUX", "GPUSCHED_TMUX_PANES")}
         self.env.update(GPUSCHED_HOME=str(self.home), GPUSCHED_FAKE_GPUS=f"{gpus}x24GiB")
-        if backend == "tmux-reuse":
-            self.env["GPUSCHED_TMUX_PANES"] = "reuse"
+        if panes:
+            self.env["GPUSCHED_TMUX_PANES"] = panes
 
     # ------------------------------------------------------------------ plumbing
 
@@ -227,7 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kills", type=int, default=30)
     ap.add_argument("--seed", type=int, default=20261121)
     ap.add_argument("--nap", type=float, default=0.2, help="seconds each job sleeps")
-    ap.add_argument("--backend", default="subprocess", choices=["subprocess", "tmux", "tmux-reuse"])
+    ap.add_argument(
+        "--backend", default="subprocess", choices=["subprocess", "tmux", "tmux-job", "tmux-reuse"]
+    )
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory and print its path")
     args = ap.parse_args(argv)

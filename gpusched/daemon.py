@@ -497,7 +497,7 @@ ENV_SETTINGS = (
     (
         "GPUSCHED_TMUX_PANES",
         "gpusched.executors.tmux_reuse:parse_panes",
-        "reuse or job (job: a tmux window for each job)",
+        "auto, reuse or job (job: a tmux window for each job)",
     ),
 )
 

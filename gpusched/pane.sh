@@ -1,6 +1,6 @@
 #!/bin/sh
 # gpusched pane loop: sh pane.sh FIFO ANSWERS WRAPPER, the process of a tmux pane that runs one
-# job after another (GPUSCHED_TMUX_PANES=reuse; gpusched/executors/tmux.py, TmuxReuseExecutor).
+# job after another (GPUSCHED_TMUX_PANES=auto or reuse; gpusched/executors/tmux_reuse.py).
 # The executor writes one line per attempt into FIFO; this shell answers the pid of the
 # wrapper it started on ANSWERS. Notes at the end, after the last command.
 fifo=$1
@@ -74,9 +74,10 @@ exit 0
 #     exits: it does not run on into the next job's screen. The wrapper's tee ignores it.
 # (8) The wrapper's function, gpusched_wrap, defined once for every job of the pane
 #     (gpusched/wrap.sh, note 7).
-# (9) The executor's "-" line: the last job did not succeed, so this pane runs no more and
-#     keeps it on screen, dead (remain-on-exit), as a window of its own would; the loop exits
-#     with the job's code (the line's second field), which tmux shows as the wrapper's.
+# (9) The executor's "-" line: the last job stays on screen (it did not succeed, or with
+#     `auto` it ran for long), so this pane runs no more and keeps it there, dead
+#     (remain-on-exit), as a window of its own would; the loop exits with the job's code (the
+#     line's second field), which tmux shows as the wrapper's.
 # (10) A closed pane or a killed tmux server hangs up the terminal, which the kernel signals to
 #     this shell alone, as the session's leader; had it died of that, its exit would hang up
 #     the job's group, the terminal's foreground (a window of its own's wrapper, the leader

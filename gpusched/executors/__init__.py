@@ -10,13 +10,15 @@ import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from msgspec import Struct, field
 
 from gpusched import proc
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: JSON-able description of a launched attempt, stored in the ``attempts.handle`` column.
 #: tmux: {"pane": "%3", "window": "@2", "session": "$1", "pid": 123, "pid_started_at": 1.7e9, "token": ...}
@@ -122,15 +124,16 @@ def _pgid(pid: int) -> int | None:
         return None
 
 
-def env_setting(environ: Mapping[str, str], name: str, parse: Callable[[str], bool], default: bool) -> bool:
-    """A backend's yes/no setting from the daemon's environment: ``parse`` of ``name``'s
-    value, ``default`` when unset or (logged) when ``parse`` refuses it: ``submit`` and
-    ``daemon start`` refuse such a value first (:func:`gpusched.daemon.check_env`)."""
+def env_setting(environ: Mapping[str, str], name: str, parse: Callable[[str], T], default: T) -> T:
+    """A backend's setting from the daemon's environment: ``parse`` of ``name``'s value,
+    ``default`` when unset or (logged) when ``parse`` refuses it: ``submit`` and ``daemon
+    start`` refuse such a value first (:func:`gpusched.daemon.check_env`)."""
     raw = environ.get(name, "").strip()
     try:
         return parse(raw) if raw else default
     except ValueError:
-        log.warning("%s=%r is not a value it takes; %s as by default", name, raw, "on" if default else "off")
+        shown = ("on" if default else "off") if isinstance(default, bool) else default
+        log.warning("%s=%r is not a value it takes; %s as by default", name, raw, shown)
         return default
 
 

@@ -15,10 +15,13 @@ def make_executor(name: str, home: Home) -> Executor:
     if name == "tmux":
         import os
 
-        from gpusched.executors.tmux_reuse import TmuxReuseExecutor, reuse_wanted
+        from gpusched.executors.tmux_reuse import TmuxReuseExecutor, panes_wanted
 
-        if reuse_wanted(os.environ):
+        panes = panes_wanted(os.environ)  # auto (SHORT_S), reuse or job
+        if panes == "auto":
             return TmuxReuseExecutor(home)
+        if panes == "reuse":
+            return TmuxReuseExecutor(home, short_s=None)
         from gpusched.executors.tmux import TmuxExecutor
 
         return TmuxExecutor(home)

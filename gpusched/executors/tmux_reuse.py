@@ -1,4 +1,5 @@
-"""Attempts in reused tmux panes: ``GPUSCHED_TMUX_PANES=reuse`` in the daemon's environment.
+"""Attempts in reused tmux panes: the tmux backend's default (``GPUSCHED_TMUX_PANES=auto``),
+and ``GPUSCHED_TMUX_PANES=reuse``.
 
 The tmux executor opens a window per attempt, and every pane costs the tmux server a fork, a
 pseudo-terminal and a utmp record (tmux waits for the setgid utempter helper it forks), about
@@ -9,14 +10,17 @@ wrapper, in "tee" mode, in a process group of its own brought to the foreground;
 the wrapper's pid on one FIFO shared by all panes (:attr:`answers`). A launch into an idle
 pane is a write to its FIFO; the window is renamed after the job and the pane's tags are
 updated in one control-client line per tick. A new pane opens only where none of the
-suite's is idle, so a night opens about as many windows as it runs jobs at once.
+suite's is idle, so a night of short jobs opens about as many windows as it runs jobs at once.
 
-What a user sees: a window per running job, named after it, as before; a job that succeeded
-stays on its pane's screen until the pane's next job starts (its output stays in its
-output.log, and ``gpusched attach`` on it says so). A pane whose job did not (it exited non-zero:
-failed, ran out of memory, was cancelled or Ctrl-C'd) is not used again: it keeps that job on
-screen, dead, as a window of its own does, and is closed as the ended windows are (beyond
-KEEP_WINDOWS, or when that job runs again). Cancels and Ctrl-C in the pane reach the job's
+What a user sees: a window per running job, named after it, as before. A pane whose job did
+not succeed (it exited non-zero: failed, ran out of memory, was cancelled or Ctrl-C'd) is not
+used again: it keeps that job on screen, dead, as a window of its own does, and is closed as
+the ended windows are (beyond KEEP_WINDOWS, or when that job runs again). With ``auto`` so is
+a pane whose job succeeded after running :data:`SHORT_S` or longer: a night of real jobs looks
+as it would with a window per job, and only jobs of seconds, where a pane a job is what the
+night spends, share panes. A job that succeeded in a pane used again stays on its screen until
+the pane's next job starts (its output stays in its output.log, and ``gpusched attach`` on it
+says so). Cancels and Ctrl-C in the pane reach the job's
 process group; a closed pane or a killed tmux server hangs up its terminal, not the job, which
 runs on to its exit record (pane.sh, note 10): as in a window of its own.
 
@@ -29,7 +33,6 @@ launching into them.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import select
@@ -66,9 +69,17 @@ log = logging.getLogger(__name__)
 
 PANE_LOOP = WRAPPER.parent / "pane.sh"
 
-#: ``GPUSCHED_TMUX_PANES=reuse`` in the daemon's environment: tmux panes run one job after
-#: another; ``job`` (the default): a window of its own for each attempt.
+#: ``GPUSCHED_TMUX_PANES`` in the daemon's environment: ``auto`` (the default), a pane runs the
+#: next job when its last one succeeded in less than :data:`SHORT_S`; ``reuse``, whenever its
+#: last one succeeded; ``job``, never: a window of its own for each attempt, started without
+#: the pane's loop (:class:`~gpusched.executors.tmux.TmuxExecutor`).
 PANES_ENV = "GPUSCHED_TMUX_PANES"
+PANES = ("auto", "reuse", "job")
+#: With ``auto``: a job that succeeded after running this long keeps its pane, as one that
+#: failed does. A pane costs the tmux server ~3 ms (on 2 cores); a slot whose jobs take 10 s
+#: launches one every 10 s, where that is 0.03 % of the slot's time: below this, panes are
+#: what a night of jobs spends; above it, a job's screen is worth more.
+SHORT_S = 10.0
 
 #: While it waits, how often it looks whether the panes' loops still run.
 LOOK_S = 0.05
@@ -78,17 +89,17 @@ LOOK_S = 0.05
 LINE_S = 2.0
 
 
-def parse_panes(raw: str) -> bool:
-    """A value of :data:`PANES_ENV`: True for ``reuse``, False for ``job``; else ValueError."""
+def parse_panes(raw: str) -> str:
+    """A value of :data:`PANES_ENV` (one of :data:`PANES`, any case); else ValueError."""
     word = raw.strip().lower()
-    if word in ("reuse", "job"):
-        return word == "reuse"
+    if word in PANES:
+        return word
     raise ValueError(raw)
 
 
-def reuse_wanted(environ: Mapping[str, str]) -> bool:
-    """Whether the daemon's environment asks for reused panes."""
-    return env_setting(environ, PANES_ENV, parse_panes, False)
+def panes_wanted(environ: Mapping[str, str]) -> str:
+    """What the daemon's environment asks of tmux panes (:data:`PANES`)."""
+    return env_setting(environ, PANES_ENV, parse_panes, "auto")
 
 
 def pane_line(req: LaunchRequest, *, until: int) -> bytes | None:
@@ -149,22 +160,30 @@ class Pane:
     name: str = ""  # that attempt's job name (its window's)
     exited_ok: bool | None = None  # whether that attempt exited 0, once its exit record says
     exit_code: int | None = None  # its exit code, as that record gives it
+    ran_s: float | None = None  # how long it ran, by that record (None: not known)
 
     def succeeded(self) -> bool | None:
         """Whether the last attempt given to it exited 0, by its exit record; None while there
         is no whole record (not ended, a wrapper killed before it wrote one, or a pane taken
-        back from a daemon before this field was kept)."""
+        back from a daemon before this field was kept). (A record seen created but still
+        empty, one short write, reads as none.)"""
         if self.exited_ok is None and self.exit_path is not None:
-            try:
-                with open(self.exit_path, "rb") as f:
-                    record = f.read()
-            except OSError:
+            record = AttemptPaths(os.path.dirname(self.exit_path)).read_exit()
+            if record is None:
                 return None
-            with contextlib.suppress(ValueError):  # (one short write: it may be seen created but empty)
-                code = json.loads(record).get("exit_code")
-                self.exit_code = code if isinstance(code, int) else None
-                self.exited_ok = code == 0
+            self.exit_code, self.exited_ok = record.exit_code, record.exit_code == 0
+            if record.started_at is not None and record.ended_at is not None:
+                self.ran_s = record.ended_at - record.started_at
         return self.exited_ok
+
+    def keeps_screen(self, short_s: float | None) -> bool:
+        """Whether its last job stays on its screen (the pane is retired, not used again): one
+        that did not succeed, and one that succeeded after running ``short_s`` or longer (or
+        for a time not known); ``short_s`` None: only the first."""
+        ok = self.succeeded()
+        if ok is None:
+            return False
+        return not ok or (short_s is not None and (self.ran_s is None or self.ran_s >= short_s))
 
     def idle(self) -> bool:
         """Its loop waits for a line, or is about to. Either the last attempt given to it
@@ -173,7 +192,7 @@ class Pane:
         the tags do not name is a wrapper started by a line written just before a daemon
         died; one that has exited and is not yet reaped is the wrapper that just ended). A
         pane whose attempt did not succeed is never idle: it is retired
-        (:meth:`TmuxReuseExecutor._retire`)."""
+        (:meth:`TmuxReuseExecutor._retire`), as is one whose job :meth:`keeps_screen`."""
         if self.token is not None and self.wrapper is None:
             return False  # given a line, not answered: not known to be free
         ok = self.succeeded()
@@ -198,10 +217,13 @@ class TmuxReuseExecutor(TmuxExecutor):
     """The tmux :class:`~gpusched.executors.Executor` whose panes run one job after another.
     Starts attempts with ``begin``/``finish`` (the scheduler writes the next attempt's files
     while this one's loop forks); a request that cannot be written on one line gets a
-    window of its own (:meth:`TmuxExecutor.launch`)."""
+    window of its own (:meth:`TmuxExecutor.launch`). ``short_s``: a pane whose job succeeded
+    after running that long or longer keeps it on screen, as a failed one's does (``auto``:
+    :data:`SHORT_S`); None, every pane whose job succeeded runs the next (``reuse``)."""
 
-    def __init__(self, home: Home) -> None:
+    def __init__(self, home: Home, *, short_s: float | None = SHORT_S) -> None:
         super().__init__(home)
+        self.short_s = short_s
         self._panes: dict[str, Pane] = {}  # by pane id, oldest first
         self._answers = -1
         self._buf = b""
@@ -310,23 +332,24 @@ class TmuxReuseExecutor(TmuxExecutor):
 
     def _idle(self, sess: str) -> Pane | None:
         """The oldest idle pane of session ``sess``; panes whose loop is gone are let go, those
-        whose job did not succeed retired."""
+        whose job stays on screen (:meth:`Pane.keeps_screen`) retired."""
         for pane in list(self._panes.values()):
             if pane.sess != sess:
                 continue
             if not pane.lives():
                 self._drop(pane, gone=True)
-            elif pane.succeeded() is False:
+            elif pane.keeps_screen(self.short_s):
                 self._retire(pane)
             elif pane.idle():
                 return pane
         return None
 
     def _retire(self, pane: Pane) -> None:
-        """``pane``'s last job did not succeed: its loop is told to end (pane.sh, note 9), so
-        that the pane shows that job, dead, as a window of its own would, and it is an ended
-        window from now on: closed beyond KEEP_WINDOWS or when that job runs again."""
-        code = pane.exit_code if pane.exit_code is not None and 0 < pane.exit_code < 256 else 1
+        """``pane``'s last job stays on its screen (it did not succeed, or it ran long): its
+        loop is told to end (pane.sh, note 9), so that the pane shows that job, dead, as a
+        window of its own would, and it is an ended window from now on: closed beyond
+        KEEP_WINDOWS or when that job runs again."""
+        code = pane.exit_code if pane.exit_code is not None and 0 <= pane.exit_code < 256 else 1
         with contextlib.suppress(OSError):  # (the loop exits with it: tmux shows it, as the wrapper's)
             _write_all(pane.fd, f"- {code} -\n".encode())
         self._drop(pane, gone=True)  # (the FIFO goes: a restarted daemon does not take it back)
@@ -344,7 +367,7 @@ class TmuxReuseExecutor(TmuxExecutor):
         command = ["sh", str(PANE_LOOP), fifo, self.answers, str(WRAPPER)]
         sess = session_name(req.suite)
         for other in list(self._panes.values()):  # (the other sessions' too: their windows count)
-            if other.succeeded() is False:
+            if other.keeps_screen(self.short_s):
                 self._retire(other)
         try:
             closes = self._beyond_keep()

@@ -1083,6 +1083,49 @@ def test_a_pane_whose_job_failed_keeps_it_on_screen_and_the_next_job_gets_anothe
     assert windows(b) == [f"{nxt['window']} bad"]
 
 
+def test_by_default_a_job_that_ran_long_keeps_its_pane_like_a_failed_one(reuse_bench: Bench) -> None:
+    """GPUSCHED_TMUX_PANES=auto (the default): a job that succeeded after running SHORT_S or
+    longer stays on its pane, dead, as in a window of its own; only panes of jobs of seconds
+    run the next job. (Here every job counts as long: SHORT_S 0.)"""
+    b = reuse_bench
+    assert isinstance(b.ex, TmuxReuseExecutor)
+    b.ex.short_s = 0.0
+    done, dp, dreq = b.launch(OK, job_name="done")
+    assert ended(b, done, dp)["exit_code"] == 0
+    nxt, np_, _ = b.launch(OK, job_name="next")
+    assert nxt["pane"] != done["pane"] and ended(b, nxt, np_)["exit_code"] == 0
+    retry_until(lambda: pane_dead(b, done["pane"]))
+    assert b.tmux("display-message", "-p", "-t", done["pane"], "#{pane_dead_status}").strip() == "0"
+    assert b.ex.shows(done) and f"[gpusched] {dreq.job_id} exited: code=0" in b.tx.capture(done)
+    b.ex.short_s = None  # GPUSCHED_TMUX_PANES=reuse: a job that succeeded leaves its pane to the next
+    again, ap, _ = b.launch(OK, job_name="again")
+    assert again["pane"] == nxt["pane"] and ended(b, again, ap)["exit_code"] == 0
+    assert windows(b) == [f"{done['window']} done", f"{nxt['window']} again"]
+
+
+def test_how_long_a_job_ran_is_what_decides_whether_its_pane_keeps_it(tmp_path: Path) -> None:
+    """By the attempt's own clock: the pid file's mtime (its start) to exit.json's (its end)."""
+    from gpusched.executors.tmux_reuse import SHORT_S, Pane
+
+    paths = AttemptPaths(tmp_path / "1-A")
+    paths.dir.mkdir()
+
+    def pane(code: int, ran_s: float) -> Pane:
+        paths.pid.write_text("123\n")
+        paths.exit.write_text(json.dumps({"exit_code": code, "signal": None}) + "\n")
+        os.utime(paths.pid, (1000.0, 1000.0))
+        os.utime(paths.exit, (1000.0 + ran_s, 1000.0 + ran_s))
+        return Pane("%1", "@1", "$1", "s", "f", -1, 1, None, token="t", exit_path=str(paths.exit))
+
+    assert not pane(0, SHORT_S - 0.5).keeps_screen(SHORT_S)  # seconds: the next job runs there
+    assert pane(0, SHORT_S).keeps_screen(SHORT_S)
+    assert pane(0, 3600).keeps_screen(SHORT_S)
+    assert not pane(0, 3600).keeps_screen(None)  # reuse: every pane whose job succeeded
+    assert pane(3, 1).keeps_screen(SHORT_S) and pane(3, 1).keeps_screen(None)  # failed: always kept
+    paths.exit.write_text("")  # (seen created, not yet written: not ended)
+    assert not Pane("%1", "@1", "$1", "s", "f", -1, 1, None, exit_path=str(paths.exit)).keeps_screen(0.0)
+
+
 def test_a_restarted_daemon_runs_no_job_in_a_pane_that_shows_a_failed_one(reuse_bench: Bench) -> None:
     b = reuse_bench
     bad, bp, _ = b.launch(EXIT3, job_name="bad")
@@ -1131,10 +1174,18 @@ def test_the_panes_setting_is_read_from_the_environment(
     from gpusched.executors.select import make_executor
 
     # (a value it does not take is refused by submit and `daemon start`; a daemon that meets
-    # one anyway keeps the default)
-    for raw, reuse in (("reuse", True), (" Reuse ", True), ("job", False), ("", False), ("fast", False)):
+    # one anyway keeps the default, auto)
+    for raw, short_s in (
+        ("auto", tmux_reuse.SHORT_S),
+        ("", tmux_reuse.SHORT_S),
+        ("fast", tmux_reuse.SHORT_S),
+        ("reuse", None),
+        (" Reuse ", None),
+        ("job", "a window for each"),
+    ):
         monkeypatch.setenv(tmux_reuse.PANES_ENV, raw)
-        assert isinstance(make_executor("tmux", Home(tmp_path)), TmuxReuseExecutor) is reuse
+        ex = make_executor("tmux", Home(tmp_path))
+        assert getattr(ex, "short_s", "a window for each") == short_s
     with pytest.raises(ValueError):
         tmux_reuse.parse_panes("fast")
 

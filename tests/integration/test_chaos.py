@@ -34,7 +34,7 @@ def _soak():  # type: ignore[no-untyped-def]
     [
         "subprocess",
         pytest.param("tmux", marks=pytest.mark.skipif(not shutil.which("tmux"), reason="no tmux")),
-        pytest.param("tmux-reuse", marks=pytest.mark.skipif(not shutil.which("tmux"), reason="no tmux")),
+        pytest.param("tmux-job", marks=pytest.mark.skipif(not shutil.which("tmux"), reason="no tmux")),
     ],
 )
 def test_every_job_ends_exactly_once_while_the_daemon_is_killed(tmp_path: Path, backend: str) -> None:

@@ -64,13 +64,14 @@ def by_id(doc: dict) -> dict:  # type: ignore[type-arg]
     return {j["id"]: j for j in doc["jobs"]}
 
 
-@pytest.mark.parametrize("backend", ["tmux", "tmux-reuse", "subprocess"])
+@pytest.mark.parametrize("backend", ["tmux", "tmux-job", "subprocess"])
 def test_submit_wait_status_logs(gs_home: Path, project: Path, backend: str) -> None:
     if backend.startswith("tmux") and not shutil.which("tmux"):
         pytest.skip("tmux not installed")
     write_plan(project, "t", PLAN)
-    env = {**FAKE, "GPUSCHED_TMUX_PANES": "reuse"} if backend == "tmux-reuse" else FAKE
-    backend = backend.removesuffix("-reuse")
+    # tmux: by default a pane whose job succeeded in seconds runs the next; tmux-job: a window for each
+    env = {**FAKE, "GPUSCHED_TMUX_PANES": "job"} if backend == "tmux-job" else FAKE
+    reused, backend = backend == "tmux", backend.removesuffix("-job")
     r = run_cli("submit", "--suite", "t", "--gpu-plan", "2,1", "--backend", backend, cwd=project, env=env)
     assert r.returncode == 0, r.stderr
     assert "queued 6 jobs" in r.stdout
@@ -94,7 +95,7 @@ def test_submit_wait_status_logs(gs_home: Path, project: Path, backend: str) -> 
     assert logs.returncode == 0 and "CUDA out of memory" in logs.stdout + logs.stderr
     done = run_cli("logs", "1-sst2", cwd=project)  # a bare name works when unambiguous
     assert "done: steps=6" in done.stdout
-    if env is not FAKE:  # 8 attempts, 3 at a time: no more windows than that were opened
+    if reused:  # 8 attempts of seconds, 3 at a time: no more windows than that were opened
         sock = str(Home(gs_home).tmux_socket)
         shown = subprocess.run(["tmux", "-S", sock, "list-windows", "-a"], capture_output=True, text=True)
         assert 1 <= len(shown.stdout.splitlines()) <= 3

@@ -37,7 +37,8 @@ from gpusched.store import Store
 from tests.helpers import retry_until
 
 needs_tmux = pytest.mark.skipif(not shutil.which("tmux"), reason="tmux not installed")
-BACKENDS = ["subprocess", pytest.param("tmux", marks=needs_tmux)]
+# tmux: its panes as by default (GPUSCHED_TMUX_PANES=auto); tmux-job: a window for each attempt
+BACKENDS = ["subprocess", pytest.param("tmux", marks=needs_tmux), pytest.param("tmux-job", marks=needs_tmux)]
 
 
 class Crash(BaseException):
@@ -109,10 +110,12 @@ def _sq(text: str) -> str:
 
 
 @pytest.fixture
-def make_world(tmp_path: Path) -> Iterator[Any]:
+def make_world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     made: list[World] = []
 
     def make(backend: str = "subprocess", **kw: Any) -> World:
+        backend, _, panes = backend.partition("-")  # (tmux-job: the daemon's GPUSCHED_TMUX_PANES)
+        monkeypatch.setenv("GPUSCHED_TMUX_PANES", panes or "auto")
         made.append(World(tmp_path, backend, **kw))
         return made[-1]
 
@@ -260,7 +263,7 @@ def test_killed_between_launch_and_mark_running_re_adopts_it(
         assert notes == ["c/j0: re-adopted"], notes
     a = w.store.attempts("c/j0")[0]
     assert a.state.value == "running" and a.handle and a.handle["pid"]
-    if backend == "tmux":
+    if backend.startswith("tmux"):
         assert a.handle["pane"].startswith("%")  # attach still works after re-adoption
     w.run_until_done()
     assert w.launches_by_job() == {"j0": 1} and w.outcomes() == ["ok"]

@@ -659,7 +659,7 @@ def _text(p: Path) -> str | None:
 
 
 @needs_tmux
-@pytest.mark.parametrize("panes", ["job", "reuse"])
+@pytest.mark.parametrize("panes", ["job", "auto"])
 def test_tmux_server_killed_from_outside_loses_nothing(gs_home: Path, project: Path, panes: str) -> None:
     """Killing the private tmux server closes the panes' terminals, not the jobs: they run on
     and report through exit.json; the next launch starts a new server. In a reused pane too:
