@@ -36,6 +36,7 @@ run probe 120 "$python" -m pytest -p no:cacheprovider -q -m gpu tests/contract/t
 run outsider 300 "$python" benchmarks/gpu_outsider.py --jobs 6 --job-s 12 --timeout 260
 names="probe outsider"
 if command -v tmux >/dev/null; then  # the same, each job in its own pane of gpusched's tmux server
+    # (by default: jobs of 12 s keep their panes, as jobs of 10 s or more do)
     run outsider-tmux 300 "$python" benchmarks/gpu_outsider.py --jobs 6 --job-s 12 --timeout 260 --backend tmux
     # and in panes that run one job after another (GPUSCHED_TMUX_PANES=reuse)
     GPUSCHED_TMUX_PANES=reuse run outsider-tmux-reuse 300 "$python" benchmarks/gpu_outsider.py --jobs 6 \

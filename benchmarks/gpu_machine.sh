@@ -64,7 +64,7 @@ part runner 120 bash -c 'for r in 1 2 3; do for on in 1 0; do echo "GPUSCHED_RUN
     GPUSCHED_RUNNER=$on TMPDIR=/dev/shm python3 benchmarks/bench_dispatch.py --only "gpusched (subprocess)"; done; done'
 # the night's first launch (submit to the first job, no daemon running), in turn with .before/
 part first_launch 60 bash -c 'python3 benchmarks/bench_first_launch.py --rounds 8 $([ -d .before/gpusched ] && echo --before .before)'
-part refill 120 python3 benchmarks/bench_refill.py --jobs 300 --backend subprocess,tmux,tmux-reuse
+part refill 120 python3 benchmarks/bench_refill.py --jobs 300 --backend subprocess,tmux,tmux-job
 part status 60 python3 benchmarks/bench_status.py --runs 3
 # the same 10,000 jobs in 246 suites, as months of nights leave a store (benchmarks/README.md, "Stop 53")
 part status_suites 60 python3 benchmarks/bench_status.py --runs 3 --jobs 200 --older 40 --past-suites 245

@@ -548,7 +548,8 @@ def test_a_ctrl_c_in_the_pane_lets_the_job_save_and_log_as_it_stops(pane_bench: 
     )
     h, paths, _ = pane_bench.launch(job)
     retry_until((paths.dir / "started").exists)
-    helper = int(retry_until(lambda: (paths.dir / "helper.pid").read_text().strip()))
+    pid_file = paths.dir / "helper.pid"  # (the helper runs in the background: it may come after "started")
+    helper = int(retry_until(lambda: pid_file.exists() and pid_file.read_text().strip()))
     pane_bench.tmux("send-keys", "-t", h["pane"], "C-c")
     rec = exited(paths)
     assert rec["exit_code"] == 130 and rec["signal"] == 2
