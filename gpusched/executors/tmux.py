@@ -1,4 +1,6 @@
-"""Attempts in tmux panes on a private, per-user tmux server (``Home.tmux_socket``).
+"""Attempts in tmux panes on a private, per-user tmux server (``Home.tmux_socket``): a window of
+its own for each attempt (``GPUSCHED_TMUX_PANES=job``); by default the subclass in
+:mod:`gpusched.executors.tmux_reuse` has the panes of jobs of seconds run the next job.
 
 One session per suite, one window per job, named after the job, so ``gpusched attach``
 lands on it; ``remain-on-exit`` keeps a finished pane (and its last lines) on screen. The
@@ -520,8 +522,8 @@ class TmuxExecutor:
                 raise CommandFailed([self._bin, "list-panes", "-a"], r.returncode, r.stderr)
             rows = [row for line in r.stdout.splitlines() if (row := PaneRow.parse(line))]
         self._sessions = {row.session_name for row in rows}
-        # a reused pane that runs no more (its job failed: it shows it) is an ended window like any
-        # other; live ones are the subclass's
+        # a reused pane that runs no more (its job failed or ran long: it shows it) is an ended window
+        # like any other; live ones are the subclass's
         ours = [row for row in rows if row.token and (row.dead or not row.fifo)]
         self._windows = {(row.session_name, row.window_name): row.window for row in ours}
         self._launched = {  # in the server's order, which is creation order within a session
