@@ -332,7 +332,25 @@ class Scheduler:
                 f"{a.job_id}: attempt {a.n} ({a.tier_name}) {e.result.outcome.value} -> {e.step.reason}"
             )
         self.store.gpus_ok(ok)
+        self._tell_reaped([a for a, _ in ended])
         return [e.result.outcome for e in ends]
+
+    def _tell_reaped(self, attempts: Sequence[AttemptRow]) -> None:
+        """Hand each backend that has the optional ``reaped(handles)`` (:class:`Executor`) the
+        handles of its attempts just reaped: a tmux pane that keeps its job on screen is marked
+        dead at the job's end, as a window of its own is, not at its pane's next launch. What
+        it does is for the eye only, so a failure is logged, never the tick's."""
+        by_backend: dict[str, list[Handle]] = {}
+        for a in attempts:
+            if a.handle is not None:
+                by_backend.setdefault(a.backend, []).append(a.handle)
+        for backend, handles in by_backend.items():
+            reaped = getattr(self.executors.get(backend), "reaped", None)
+            if reaped is not None:
+                try:
+                    reaped(handles)
+                except Exception:
+                    log.exception("%s: after reaping %d attempts", backend, len(handles))
 
     def _classify(
         self, a: AttemptRow, job: JobRow, exit_rec: ExitRecord | None, now: float

@@ -71,6 +71,8 @@ class Executor(Protocol):
     # the scheduler begins each attempt as soon as its files are written, then finishes
     # them all, one result per begin, in order. A backend with both (tmux with reused panes)
     # is begun and finished.
+    # Optional: ``reaped(handles) -> None``, told of its attempts the scheduler has just reaped
+    # (tmux with reused panes marks a pane that keeps its job on screen dead at once).
 
 
 # ---------------------------------------------------------------------- an attempt's processes

@@ -344,6 +344,16 @@ class TmuxReuseExecutor(TmuxExecutor):
                 return pane
         return None
 
+    def reaped(self, handles: Sequence[Handle]) -> None:
+        """Attempts the scheduler has reaped: the pane of one whose job stays on its screen
+        (:meth:`Pane.keeps_screen`) is retired now, so that it shows the job dead at its end,
+        as a window of its own does, not only once its suite launches again (a night's last
+        jobs never would be). The loop reads the line once the job's wrapper has exited."""
+        for handle in handles:
+            pane = self._panes.get(str(handle.get("pane")))
+            if pane is not None and pane.token == handle.get("token") and pane.keeps_screen(self.short_s):
+                self._retire(pane)
+
     def _retire(self, pane: Pane) -> None:
         """``pane``'s last job stays on its screen (it did not succeed, or it ran long): its
         loop is told to end (pane.sh, note 9), so that the pane shows that job, dead, as a

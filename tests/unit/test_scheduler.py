@@ -92,6 +92,32 @@ def test_fills_exactly_the_slots_of_the_plan_and_records_why_the_rest_waits(
     assert world.tick().launched == []  # nothing frees, nothing launches
 
 
+def test_a_backend_that_asks_is_told_of_its_attempts_as_they_are_reaped(world: World, tmp_path: Path) -> None:
+    """The optional ``reaped(handles)`` of a backend (tmux marks a pane that keeps its job on
+    screen dead at the job's end) gets each tick's reaped attempts, once; one that fails costs
+    the tick nothing."""
+    told: list[list[str]] = []
+
+    class Told(FakeExecutor):
+        def reaped(self, handles: list[dict[str, str]]) -> None:
+            told.append([h["token"] for h in handles])
+            raise RuntimeError("a tmux hiccup")
+
+    world.ex = Told(name="fake")
+    world.sched = Scheduler(world.store, FakeProbe.from_spec("2x24GiB"), {"fake": world.ex})
+    world.submit(make_suite(tmp_path, n=4))
+    assert world.tick().reaped == [] and told == []
+    first = [r.token for r in world.ex.launched]
+    assert len(first) == 3
+    world.ex.finish(first[0], exit_code=0)
+    world.ex.finish(first[2], exit_code=3)
+    rep = world.tick()
+    assert len(rep.reaped) == 2 and len(rep.launched) == 1
+    assert told == [[first[0], first[2]]]
+    world.tick()
+    assert len(told) == 1
+
+
 def test_a_suite_submitted_again_mid_night_launches_its_next_jobs_as_now_planned(
     world: World, tmp_path: Path
 ) -> None:
