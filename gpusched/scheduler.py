@@ -336,19 +336,24 @@ class Scheduler:
         return [e.result.outcome for e in ends]
 
     def _tell_reaped(self, attempts: Sequence[AttemptRow]) -> None:
-        """Hand each backend that has the optional ``reaped(handles)`` (:class:`Executor`) the
-        handles of its attempts just reaped: a tmux pane that keeps its job on screen is marked
-        dead at the job's end, as a window of its own is, not at its pane's next launch. What
-        it does is for the eye only, so a failure is logged, never the tick's."""
+        """Hand each backend that has the optional ``reaped(handles, queued)`` (:class:`Executor`)
+        the handles of its attempts just reaped, and the suites that still have jobs queued: a
+        tmux pane that keeps its job on screen is marked dead at the job's end, as a window of
+        its own is, not at its pane's next launch, and a suite with nothing left to run has its
+        idle panes marked so too. What it does is for the eye only, so a failure is logged,
+        never the tick's."""
         by_backend: dict[str, list[Handle]] = {}
         for a in attempts:
             if a.handle is not None:
                 by_backend.setdefault(a.backend, []).append(a.handle)
+        queued: frozenset[str] | None = None
         for backend, handles in by_backend.items():
             reaped = getattr(self.executors.get(backend), "reaped", None)
             if reaped is not None:
                 try:
-                    reaped(handles)
+                    if queued is None:  # (read once, after the reaps requeued what they do)
+                        queued = frozenset(self.store.suites_with((JobState.QUEUED.value,)))
+                    reaped(handles, queued)
                 except Exception:
                     log.exception("%s: after reaping %d attempts", backend, len(handles))
 

@@ -71,8 +71,10 @@ class Executor(Protocol):
     # the scheduler begins each attempt as soon as its files are written, then finishes
     # them all, one result per begin, in order. A backend with both (tmux with reused panes)
     # is begun and finished.
-    # Optional: ``reaped(handles) -> None``, told of its attempts the scheduler has just reaped
-    # (tmux with reused panes marks a pane that keeps its job on screen dead at once).
+    # Optional: ``reaped(handles, queued) -> None``, told of its attempts the scheduler has just
+    # reaped, and of the suites that still have jobs queued (``queued``, their names): tmux with
+    # reused panes marks a pane that keeps its job on screen dead at once, and the idle panes
+    # of a suite with nothing left to run.
 
 
 # ---------------------------------------------------------------------- an attempt's processes

@@ -20,9 +20,10 @@ a pane whose job succeeded after running :data:`SHORT_S` or longer: a night of r
 as it would with a window per job, and only jobs of seconds, where a pane a job is what the
 night spends, share panes. A job that succeeded in a pane used again stays on its screen until
 the pane's next job starts (its output stays in its output.log, and ``gpusched attach`` on it
-says so). Cancels and Ctrl-C in the pane reach the job's
-process group; a closed pane or a killed tmux server hangs up its terminal, not the job, which
-runs on to its exit record (pane.sh, note 10): as in a window of its own.
+says so), or, once its suite has nothing left queued, is shown dead there (:meth:`reaped`).
+Cancels and Ctrl-C in the pane reach the job's process group; a closed pane or a killed tmux
+server hangs up its terminal, not the job, which runs on to its exit record (pane.sh, note 10):
+as in a window of its own.
 
 Handles are the tmux executor's, with the wrapper's pid (not the pane's process): ``alive``
 and ``terminate`` need no tmux call. A restarted daemon finds the panes again by their
@@ -38,7 +39,7 @@ import os
 import select
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpusched import proc
@@ -344,14 +345,22 @@ class TmuxReuseExecutor(TmuxExecutor):
                 return pane
         return None
 
-    def reaped(self, handles: Sequence[Handle]) -> None:
-        """Attempts the scheduler has reaped: the pane of one whose job stays on its screen
-        (:meth:`Pane.keeps_screen`) is retired now, so that it shows the job dead at its end,
-        as a window of its own does, not only once its suite launches again (a night's last
-        jobs never would be). The loop reads the line once the job's wrapper has exited."""
+    def reaped(self, handles: Sequence[Handle], queued: Collection[str]) -> None:
+        """Attempts the scheduler has reaped, and the suites that still have jobs queued. The
+        pane of a reaped job that stays on its screen (:meth:`Pane.keeps_screen`) is retired
+        now, so that it shows the job dead at its end, as a window of its own does, not only
+        once its suite launches again (a night's last jobs never would be). So is every pane
+        whose job succeeded, in a suite with no job ``queued``: nothing more would run there,
+        and it shows its last job dead (status 0), not a loop waiting all morning. (A job
+        requeued later opens a new pane.) The loop reads the line once the job's wrapper has
+        exited."""
         for handle in handles:
             pane = self._panes.get(str(handle.get("pane")))
             if pane is not None and pane.token == handle.get("token") and pane.keeps_screen(self.short_s):
+                self._retire(pane)
+        waiting = {session_name(suite) for suite in queued}
+        for pane in list(self._panes.values()):
+            if pane.sess not in waiting and pane.wrapper is not None and pane.succeeded():
                 self._retire(pane)
 
     def _retire(self, pane: Pane) -> None:

@@ -1106,17 +1106,46 @@ def test_by_default_a_job_that_ran_long_keeps_its_pane_like_a_failed_one(reuse_b
     b.ex.short_s = 0.0
     done, dp, dreq = b.launch(OK, job_name="done")
     assert ended(b, done, dp)["exit_code"] == 0
-    b.ex.reaped([done])  # the scheduler reaped it: its pane shows it dead at once, as a window's would
+    b.ex.reaped([done], {"s1"})  # reaped (s1 still queued): its pane shows it dead, as a window's would
     assert dead_with(b, done["pane"]) == "0"
     nxt, np_, _ = b.launch(OK, job_name="next")
     assert nxt["pane"] != done["pane"] and ended(b, nxt, np_)["exit_code"] == 0
     assert b.ex.shows(done) and f"[gpusched] {dreq.job_id} exited: code=0" in b.tx.capture(done)
     b.ex.short_s = None  # GPUSCHED_TMUX_PANES=reuse: a job that succeeded leaves its pane to the next
-    b.ex.reaped([nxt])
+    b.ex.reaped([nxt], {"s1"})
     again, ap, _ = b.launch(OK, job_name="again")
     assert again["pane"] == nxt["pane"] and ended(b, again, ap)["exit_code"] == 0
     assert windows(b) == [f"{done['window']} done", f"{nxt['window']} again"]
     assert not pane_dead(b, again["pane"])
+
+
+def test_a_suite_with_nothing_left_queued_has_its_idle_panes_show_their_last_job_dead(
+    reuse_bench: Bench,
+) -> None:
+    """Once a suite has no job queued, a pane whose job of seconds succeeded runs nothing more:
+    told so as the scheduler reaps, it shows that job dead (status 0), as a window of its own
+    would, not a loop waiting all morning. A pane of a suite with jobs still queued stays
+    ready, and one whose job still runs goes on."""
+    b = reuse_bench
+    busy, bp, _ = b.launch(GATED, job_name="busy")
+    retry_until((bp.dir / "started").exists)
+    done, dp, dreq = b.launch(OK, job_name="done")
+    other, op, _ = b.launch(OK, suite="s2", job_name="other")
+    assert ended(b, done, dp)["exit_code"] == 0 and ended(b, other, op)["exit_code"] == 0
+    b.ex.reaped([done], {"s1", "s2"})  # both suites have jobs queued: both panes stay ready
+    assert not pane_dead(b, done["pane"]) and not pane_dead(b, other["pane"])
+    b.ex.reaped([], {"s2"})  # s1 has nothing left queued
+    assert dead_with(b, done["pane"]) == "0"
+    assert f"[gpusched] {dreq.job_id} exited: code=0" in b.tx.capture(done)
+    assert not pane_dead(b, other["pane"]) and not pane_dead(b, busy["pane"]) and b.ex.alive(busy)
+    late, lp, _ = b.launch(OK, job_name="late")  # a job requeued after all: a pane of its own
+    assert late["pane"] not in (done["pane"], busy["pane"]) and ended(b, late, lp)["exit_code"] == 0
+    (bp.dir / "gate").touch()
+    assert ended(b, busy, bp)["exit_code"] == 0
+    b.ex.reaped([busy, late], {"s2"})
+    assert dead_with(b, busy["pane"]) == "0" and dead_with(b, late["pane"]) == "0"
+    again, ap, _ = b.launch(OK, suite="s2", job_name="again")
+    assert again["pane"] == other["pane"] and ended(b, again, ap)["exit_code"] == 0
 
 
 def test_how_long_a_job_ran_is_what_decides_whether_its_pane_keeps_it(tmp_path: Path) -> None:

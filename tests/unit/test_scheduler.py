@@ -93,14 +93,15 @@ def test_fills_exactly_the_slots_of_the_plan_and_records_why_the_rest_waits(
 
 
 def test_a_backend_that_asks_is_told_of_its_attempts_as_they_are_reaped(world: World, tmp_path: Path) -> None:
-    """The optional ``reaped(handles)`` of a backend (tmux marks a pane that keeps its job on
-    screen dead at the job's end) gets each tick's reaped attempts, once; one that fails costs
-    the tick nothing."""
-    told: list[list[str]] = []
+    """The optional ``reaped(handles, queued)`` of a backend (tmux marks a pane that keeps its
+    job on screen dead at the job's end, and a suite's idle panes once it has nothing queued)
+    gets each tick's reaped attempts, once, with the suites that still have jobs queued after
+    those reaps; one that fails costs the tick nothing."""
+    told: list[tuple[list[str], set[str]]] = []
 
     class Told(FakeExecutor):
-        def reaped(self, handles: list[dict[str, str]]) -> None:
-            told.append([h["token"] for h in handles])
+        def reaped(self, handles: list[dict[str, str]], queued: frozenset[str]) -> None:
+            told.append(([h["token"] for h in handles], set(queued)))
             raise RuntimeError("a tmux hiccup")
 
     world.ex = Told(name="fake")
@@ -113,9 +114,15 @@ def test_a_backend_that_asks_is_told_of_its_attempts_as_they_are_reaped(world: W
     world.ex.finish(first[2], exit_code=3)
     rep = world.tick()
     assert len(rep.reaped) == 2 and len(rep.launched) == 1
-    assert told == [[first[0], first[2]]]
+    assert told == [([first[0], first[2]], {"E1"})]  # (its last job launched after the reaps)
     world.tick()
     assert len(told) == 1
+    world.ex.finish(first[1], exit_code=0)
+    world.tick()
+    assert told[-1] == ([first[1]], set())  # nothing left queued, one job still running
+    world.ex.finish(world.ex.launched[3].token, exit_code=1, output=OOM_TAIL)
+    world.tick()
+    assert told[-1][1] == {"E1"}  # requeued at the next tier by this very reap
 
 
 def test_a_suite_submitted_again_mid_night_launches_its_next_jobs_as_now_planned(
