@@ -100,6 +100,12 @@ def test_submit_wait_status_logs(gs_home: Path, project: Path, backend: str) -> 
         shown = subprocess.run(["tmux", "-S", sock, "list-windows", "-a"], capture_output=True, text=True)
         assert 1 <= len(shown.stdout.splitlines()) <= 3
 
+        def dead() -> list[str]:  # the suite has nothing left to run: no pane waits for a job
+            argv = ["tmux", "-S", sock, "list-panes", "-a", "-F", "#{pane_dead}"]
+            return subprocess.run(argv, capture_output=True, text=True).stdout.split()
+
+        retry_until(lambda: set(dead()) == {"1"})
+
 
 def test_a_suite_run_again_after_its_state_directory_was_deleted_runs_anew_beside_the_old_logs(
     gs_home: Path, project: Path
