@@ -174,6 +174,7 @@ class Scheduler:
         store.note_changed_jobs()  # ... and what this connection changed since
         self._queue_span = (math.inf, -math.inf)  # ... valid for these times (no not_before within)
         self._queued_suites: list[str] | None = None  # the suites with jobs queued, this tick
+        self._told_version: int | None = None  # the database the backends were last told of
         self._term_sent: dict[int, float] = {}
         self._stops: dict[int, tuple[str, float]] = {}  # attempts stopped at a limit: (why, since)
         self.last_snapshot: list[GpuState] = []
@@ -205,6 +206,11 @@ class Scheduler:
         self._place(live, gpus, att, now, report)
         if self._paused is not paused:  # a launch failed for want of a resource: say so now
             self._launchable(self._candidates(now), now)
+        if (version := self._data_version()) != self._told_version:
+            # another connection committed (a cancel may have left a suite with nothing queued),
+            # or this is the first tick (a restarted daemon took back panes of ended suites)
+            self._told_version = version
+            self._tell_reaped((), every=True)
         return report
 
     def _take_out_lost(self, gpus: list[GpuState], live: list[AttemptRow], now: float) -> None:
@@ -335,14 +341,14 @@ class Scheduler:
         self._tell_reaped([a for a, _ in ended])
         return [e.result.outcome for e in ends]
 
-    def _tell_reaped(self, attempts: Sequence[AttemptRow]) -> None:
+    def _tell_reaped(self, attempts: Sequence[AttemptRow], *, every: bool = False) -> None:
         """Hand each backend that has the optional ``reaped(handles, queued)`` (:class:`Executor`)
         the handles of its attempts just reaped, and the suites that still have jobs queued: a
         tmux pane that keeps its job on screen is marked dead at the job's end, as a window of
         its own is, not at its pane's next launch, and a suite with nothing left to run has its
-        idle panes marked so too. What it does is for the eye only, so a failure is logged,
-        never the tick's."""
-        by_backend: dict[str, list[Handle]] = {}
+        idle panes marked so too. ``every``: each such backend is told, with no handles where it
+        has none. What it does is for the eye only, so a failure is logged, never the tick's."""
+        by_backend: dict[str, list[Handle]] = {name: [] for name in self.executors} if every else {}
         for a in attempts:
             if a.handle is not None:
                 by_backend.setdefault(a.backend, []).append(a.handle)

@@ -72,7 +72,8 @@ class Executor(Protocol):
     # them all, one result per begin, in order. A backend with both (tmux with reused panes)
     # is begun and finished.
     # Optional: ``reaped(handles, queued) -> None``, told of its attempts the scheduler has just
-    # reaped, and of the suites that still have jobs queued (``queued``, their names): tmux with
+    # reaped, and of the suites that still have jobs queued (``queued``, their names); also with
+    # no handles at the first tick and after another connection's commit (a cancel). tmux with
     # reused panes marks a pane that keeps its job on screen dead at once, and the idle panes
     # of a suite with nothing left to run.
 

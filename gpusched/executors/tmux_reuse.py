@@ -346,14 +346,14 @@ class TmuxReuseExecutor(TmuxExecutor):
         return None
 
     def reaped(self, handles: Sequence[Handle], queued: Collection[str]) -> None:
-        """Attempts the scheduler has reaped, and the suites that still have jobs queued. The
-        pane of a reaped job that stays on its screen (:meth:`Pane.keeps_screen`) is retired
-        now, so that it shows the job dead at its end, as a window of its own does, not only
-        once its suite launches again (a night's last jobs never would be). So is every pane
-        whose job succeeded, in a suite with no job ``queued``: nothing more would run there,
-        and it shows its last job dead (status 0), not a loop waiting all morning. (A job
-        requeued later opens a new pane.) The loop reads the line once the job's wrapper has
-        exited."""
+        """Attempts the scheduler has reaped (none at its first tick or after another
+        connection's commit, a cancel), and the suites that still have jobs queued. The pane of
+        a reaped job that stays on its screen (:meth:`Pane.keeps_screen`) is retired now, so
+        that it shows the job dead at its end, as a window of its own does, not only once its
+        suite launches again (a night's last jobs never would be). So is every pane whose job
+        succeeded, in a suite with no job ``queued``: nothing more would run there, and it shows
+        its last job dead (status 0), not a loop waiting all morning. (A job requeued later
+        opens a new pane.) The loop reads the line once the job's wrapper has exited."""
         for handle in handles:
             pane = self._panes.get(str(handle.get("pane")))
             if pane is not None and pane.token == handle.get("token") and pane.keeps_screen(self.short_s):

@@ -107,22 +107,51 @@ def test_a_backend_that_asks_is_told_of_its_attempts_as_they_are_reaped(world: W
     world.ex = Told(name="fake")
     world.sched = Scheduler(world.store, FakeProbe.from_spec("2x24GiB"), {"fake": world.ex})
     world.submit(make_suite(tmp_path, n=4))
-    assert world.tick().reaped == [] and told == []
+    assert world.tick().reaped == []
+    assert told == [([], {"E1"})]  # (the first tick tells every backend: panes a restart took back)
     first = [r.token for r in world.ex.launched]
     assert len(first) == 3
     world.ex.finish(first[0], exit_code=0)
     world.ex.finish(first[2], exit_code=3)
     rep = world.tick()
     assert len(rep.reaped) == 2 and len(rep.launched) == 1
-    assert told == [([first[0], first[2]], {"E1"})]  # (its last job launched after the reaps)
+    assert told[1:] == [([first[0], first[2]], {"E1"})]  # (its last job launched after the reaps)
     world.tick()
-    assert len(told) == 1
+    assert len(told) == 2
     world.ex.finish(first[1], exit_code=0)
     world.tick()
     assert told[-1] == ([first[1]], set())  # nothing left queued, one job still running
     world.ex.finish(world.ex.launched[3].token, exit_code=1, output=OOM_TAIL)
     world.tick()
     assert told[-1][1] == {"E1"}  # requeued at the next tier by this very reap
+
+
+def test_a_backend_that_asks_is_told_when_a_cancel_leaves_a_suite_with_nothing_queued(
+    world: World, tmp_path: Path
+) -> None:
+    """A cancel (another connection's commit, as the CLI's is) of a suite's queued jobs reaps
+    nothing, yet leaves that suite's idle tmux panes with nothing to run: the next tick tells
+    each backend that asks, with no handles, which suites still have jobs queued."""
+    told: list[tuple[list[str], set[str]]] = []
+
+    class Told(FakeExecutor):
+        def reaped(self, handles: list[dict[str, str]], queued: frozenset[str]) -> None:
+            told.append(([h["token"] for h in handles], set(queued)))
+
+    world.ex = Told(name="fake")
+    world.sched = Scheduler(world.store, FakeProbe.from_spec("2x24GiB"), {"fake": world.ex})
+    world.submit(make_suite(tmp_path, n=5))
+    world.tick()
+    assert told == [([], {"E1"})] and len(world.ex.launched) == 3
+    world.tick()
+    assert len(told) == 1  # nothing changed: nothing told
+    cli = Store(world.store.path)
+    assert set(cli.request_cancel(["E1/3-task", "E1/4-task"]).values()) == {"cancelled"}
+    cli.close()
+    world.tick()
+    assert told[1:] == [([], set())]
+    world.tick()
+    assert len(told) == 2
 
 
 def test_a_suite_submitted_again_mid_night_launches_its_next_jobs_as_now_planned(
