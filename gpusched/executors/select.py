@@ -15,16 +15,14 @@ def make_executor(name: str, home: Home) -> Executor:
     if name == "tmux":
         import os
 
-        from gpusched.executors.tmux_reuse import TmuxReuseExecutor, panes_wanted
+        from gpusched.executors.tmux_reuse import TmuxReuseExecutor, TmuxWindowExecutor, panes_wanted
 
         panes = panes_wanted(os.environ)  # auto (SHORT_S), reuse or job
         if panes == "auto":
             return TmuxReuseExecutor(home)
         if panes == "reuse":
             return TmuxReuseExecutor(home, short_s=None)
-        from gpusched.executors.tmux import TmuxExecutor
-
-        return TmuxExecutor(home)
+        return TmuxWindowExecutor(home)
     if name == "subprocess":
         from gpusched.executors.subprocess import SubprocessExecutor
 

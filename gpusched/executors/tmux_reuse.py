@@ -28,7 +28,8 @@ as in a window of its own.
 Handles are the tmux executor's, with the wrapper's pid (not the pane's process): ``alive``
 and ``terminate`` need no tmux call. A restarted daemon finds the panes again by their
 ``@gpusched_fifo`` option and the wrapper each last started by ``@gpusched_pid``, and keeps
-launching into them.
+launching into them; one restarted with ``GPUSCHED_TMUX_PANES=job`` ends them instead, each
+as its job ends (:class:`TmuxWindowExecutor`).
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ PANE_LOOP = WRAPPER.parent / "pane.sh"
 #: ``GPUSCHED_TMUX_PANES`` in the daemon's environment: ``auto`` (the default), a pane runs the
 #: next job when its last one succeeded in less than :data:`SHORT_S`; ``reuse``, whenever its
 #: last one succeeded; ``job``, never: a window of its own for each attempt, started without
-#: the pane's loop (:class:`~gpusched.executors.tmux.TmuxExecutor`).
+#: the pane's loop (:class:`TmuxWindowExecutor`).
 PANES_ENV = "GPUSCHED_TMUX_PANES"
 PANES = ("auto", "reuse", "job")
 #: With ``auto``: a job that succeeded after running this long keeps its pane, as one that
@@ -214,7 +215,148 @@ class Pane:
         return proc.is_alive(self.loop, self.loop_started)
 
 
-class TmuxReuseExecutor(TmuxExecutor):
+class _PaneLoops(TmuxExecutor):
+    """The tmux executor, looking after the reused panes on its server (this daemon's, or an
+    earlier one's, found again by their tags): each is told to end (:meth:`_retire`) once
+    nothing more will run in it, and shows its last job dead, as a window of its own does.
+    What the two ways of running attempts share: :class:`TmuxReuseExecutor` launches into
+    them, :class:`TmuxWindowExecutor` only ends those an earlier daemon left. ``short_s``: a
+    pane whose job succeeded after running that long or longer keeps it on screen, as a
+    failed one's does; None, none does."""
+
+    def __init__(self, home: Home, *, short_s: float | None) -> None:
+        super().__init__(home)
+        self.short_s = short_s
+        self._panes: dict[str, Pane] = {}  # by pane id, oldest first
+
+    def _may_run_next(self, queued: Collection[str]) -> set[str]:
+        """The sessions (of the suites ``queued``: those with jobs still queued) whose idle
+        panes may be given a next job."""
+        return {session_name(suite) for suite in queued}
+
+    def reaped(self, handles: Sequence[Handle], queued: Collection[str]) -> None:
+        """Attempts the scheduler has reaped (none at its first tick or after another
+        connection's commit, a cancel), and the suites that still have jobs queued. The pane of
+        a reaped job that stays on its screen (:meth:`Pane.keeps_screen`) is retired now, so
+        that it shows the job dead at its end, as a window of its own does, not only once its
+        suite launches again (a night's last jobs never would be). So is every pane whose job
+        succeeded where no next job will run (:meth:`_may_run_next`): a suite with no job
+        ``queued``, where it shows its last job dead (status 0), not a loop waiting all
+        morning. (A job requeued later opens a new pane.) The loop reads the line once the
+        job's wrapper has exited."""
+        for handle in handles:
+            pane = self._panes.get(str(handle.get("pane")))
+            if pane is not None and pane.token == handle.get("token") and pane.keeps_screen(self.short_s):
+                self._retire(pane)
+        waiting = self._may_run_next(queued)
+        for pane in list(self._panes.values()):
+            if pane.sess not in waiting and pane.wrapper is not None and pane.succeeded():
+                self._retire(pane)
+
+    def _retire(self, pane: Pane) -> None:
+        """``pane``'s last job stays on its screen (it did not succeed, or it ran long, or no
+        job will run there again): its loop is told to end (pane.sh, note 9), so that the pane
+        shows that job, dead, as a window of its own would, and it is an ended window from now
+        on: closed beyond KEEP_WINDOWS or when that job runs again."""
+        code = pane.exit_code if pane.exit_code is not None and 0 <= pane.exit_code < 256 else 1
+        with contextlib.suppress(OSError):  # (the loop exits with it: tmux shows it, as the wrapper's)
+            _write_all(pane.fd, f"- {code} -\n".encode())
+        self._drop(pane, gone=True)  # (the FIFO goes: a restarted daemon does not take it back)
+        self._launched[pane.window] = ((pane.sess, pane.name), 0, None)
+        if pane.name:
+            self._windows[(pane.sess, pane.name)] = pane.window
+
+    def _drop(self, pane: Pane, *, gone: bool = False) -> None:
+        """Launch into ``pane`` no more (its FIFO is closed here; the pane stays on the server).
+        ``gone``: the pane is closed, and its FIFO is removed too."""
+        if self._panes.pop(pane.pane, None) is not None:
+            with contextlib.suppress(OSError):
+                os.close(pane.fd)
+        if gone:
+            with contextlib.suppress(OSError):
+                os.unlink(pane.fifo)
+
+    def release(self, handle: Handle) -> None:
+        """A reused pane is kept for the next job (its window, not the attempt's); an attempt
+        that had a window of its own has it closed."""
+        if handle.get("pane") in self._panes or not self._is_window_of_its_own(handle):
+            return
+        super().release(handle)
+
+    def _is_window_of_its_own(self, handle: Handle) -> bool:
+        where = str(handle.get("pane"))
+        r = self._tmux(["display-message", "-p", "-t", where, "#{@gpusched_fifo}"], check=False)
+        return r.returncode == 0 and not r.stdout.strip()
+
+    def _refresh(self) -> list[PaneRow]:
+        """The tmux executor's, then the reused panes on the server taken back (a restarted
+        daemon finds the panes the last one opened) and those gone let go."""
+        rows = super()._refresh()
+        live = {row.pane: row for row in rows if row.fifo and not row.dead}
+        for pane in [p for p in self._panes.values() if p.pane not in live]:
+            self._drop(pane, gone=True)
+        for row in live.values():
+            if row.pane in self._panes:
+                continue
+            try:
+                fd = os.open(row.fifo, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:
+                continue  # its FIFO is gone: the pane shows its last job until it is closed
+            wrapper = row.wrapper
+            self._panes[row.pane] = Pane(
+                row.pane,
+                row.window,
+                row.session,
+                row.session_name,
+                row.fifo,
+                fd,
+                row.pid,
+                proc.started_at(row.pid),
+                token=row.token or None,
+                wrapper=wrapper,
+                wrapper_started=proc.started_at(wrapper) if wrapper else None,
+                exit_path=row.exit or None,
+                name=row.window_name,
+            )
+        return rows
+
+    def discover(self) -> dict[str, Handle]:
+        """The tmux executor's; then the FIFOs of panes no longer on the server (closed by a
+        user, or gone with the server while no daemon ran) are removed."""
+        found = super().discover()
+        self._unlink_unused()
+        return found
+
+    def _unlink_unused(self) -> None:
+        folder = self.home.root / "panes"
+        used = {p.fifo for p in self._panes.values()}
+        with contextlib.suppress(OSError):
+            for name in os.listdir(folder):
+                path = str(folder / name)
+                if name.endswith(".fifo") and path not in used:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+
+    def close(self) -> None:
+        """Close the FIFOs (the panes and what they run go on)."""
+        for pane in list(self._panes.values()):
+            self._drop(pane)
+
+
+class TmuxWindowExecutor(_PaneLoops):
+    """``GPUSCHED_TMUX_PANES=job``: a window of its own for each attempt (the tmux executor's
+    launches). The reused panes a daemon left that ran with another setting are launched into
+    no more: each ends as its job does (its job is shown dead, whatever its exit), and those
+    already idle at the first tick, though their suite has jobs queued."""
+
+    def __init__(self, home: Home) -> None:
+        super().__init__(home, short_s=0.0)
+
+    def _may_run_next(self, queued: Collection[str]) -> set[str]:
+        return set()
+
+
+class TmuxReuseExecutor(_PaneLoops):
     """The tmux :class:`~gpusched.executors.Executor` whose panes run one job after another.
     Starts attempts with ``begin``/``finish`` (the scheduler writes the next attempt's files
     while this one's loop forks); a request that cannot be written on one line gets a
@@ -223,9 +365,7 @@ class TmuxReuseExecutor(TmuxExecutor):
     :data:`SHORT_S`); None, every pane whose job succeeded runs the next (``reuse``)."""
 
     def __init__(self, home: Home, *, short_s: float | None = SHORT_S) -> None:
-        super().__init__(home)
-        self.short_s = short_s
-        self._panes: dict[str, Pane] = {}  # by pane id, oldest first
+        super().__init__(home, short_s=short_s)
         self._answers = -1
         self._buf = b""
         self._pending: list[tuple[LaunchRequest, Pane | Handle | Exception]] = []
@@ -345,37 +485,6 @@ class TmuxReuseExecutor(TmuxExecutor):
                 return pane
         return None
 
-    def reaped(self, handles: Sequence[Handle], queued: Collection[str]) -> None:
-        """Attempts the scheduler has reaped (none at its first tick or after another
-        connection's commit, a cancel), and the suites that still have jobs queued. The pane of
-        a reaped job that stays on its screen (:meth:`Pane.keeps_screen`) is retired now, so
-        that it shows the job dead at its end, as a window of its own does, not only once its
-        suite launches again (a night's last jobs never would be). So is every pane whose job
-        succeeded, in a suite with no job ``queued``: nothing more would run there, and it shows
-        its last job dead (status 0), not a loop waiting all morning. (A job requeued later
-        opens a new pane.) The loop reads the line once the job's wrapper has exited."""
-        for handle in handles:
-            pane = self._panes.get(str(handle.get("pane")))
-            if pane is not None and pane.token == handle.get("token") and pane.keeps_screen(self.short_s):
-                self._retire(pane)
-        waiting = {session_name(suite) for suite in queued}
-        for pane in list(self._panes.values()):
-            if pane.sess not in waiting and pane.wrapper is not None and pane.succeeded():
-                self._retire(pane)
-
-    def _retire(self, pane: Pane) -> None:
-        """``pane``'s last job stays on its screen (it did not succeed, or it ran long): its
-        loop is told to end (pane.sh, note 9), so that the pane shows that job, dead, as a
-        window of its own would, and it is an ended window from now on: closed beyond
-        KEEP_WINDOWS or when that job runs again."""
-        code = pane.exit_code if pane.exit_code is not None and 0 <= pane.exit_code < 256 else 1
-        with contextlib.suppress(OSError):  # (the loop exits with it: tmux shows it, as the wrapper's)
-            _write_all(pane.fd, f"- {code} -\n".encode())
-        self._drop(pane, gone=True)  # (the FIFO goes: a restarted daemon does not take it back)
-        self._launched[pane.window] = ((pane.sess, pane.name), 0, None)
-        if pane.name:
-            self._windows[(pane.sess, pane.name)] = pane.window
-
     def _open(self, req: LaunchRequest) -> Pane:
         """A new pane for ``req`` (in a new window of its suite's session), with its FIFO;
         idle panes beyond :data:`KEEP_WINDOWS` are closed in the same tmux line."""
@@ -428,16 +537,6 @@ class TmuxReuseExecutor(TmuxExecutor):
             return ended
         return ended + [p.window for p in self._panes.values() if p.idle()][:excess]
 
-    def _drop(self, pane: Pane, *, gone: bool = False) -> None:
-        """Launch into ``pane`` no more (its FIFO is closed here; the pane stays on the server).
-        ``gone``: the pane is closed, and its FIFO is removed too."""
-        if self._panes.pop(pane.pane, None) is not None:
-            with contextlib.suppress(OSError):
-                os.close(pane.fd)
-        if gone:
-            with contextlib.suppress(OSError):
-                os.unlink(pane.fifo)
-
     # ------------------------------------------------------------------ answers
 
     def _open_answers(self) -> None:
@@ -475,73 +574,9 @@ class TmuxReuseExecutor(TmuxExecutor):
             deadline = time.monotonic() + ANSWER_S
         return got
 
-    # ------------------------------------------------------------------ the rest of the protocol
-
-    def release(self, handle: Handle) -> None:
-        """A reused pane is kept for the next job (its window, not the attempt's); an attempt
-        that had a window of its own has it closed."""
-        if handle.get("pane") in self._panes or not self._is_window_of_its_own(handle):
-            return
-        super().release(handle)
-
-    def _is_window_of_its_own(self, handle: Handle) -> bool:
-        where = str(handle.get("pane"))
-        r = self._tmux(["display-message", "-p", "-t", where, "#{@gpusched_fifo}"], check=False)
-        return r.returncode == 0 and not r.stdout.strip()
-
-    def _refresh(self) -> list[PaneRow]:
-        """The tmux executor's, then the reused panes on the server taken back (a restarted
-        daemon launches into the panes the last one opened) and those gone let go."""
-        rows = super()._refresh()
-        live = {row.pane: row for row in rows if row.fifo and not row.dead}
-        for pane in [p for p in self._panes.values() if p.pane not in live]:
-            self._drop(pane, gone=True)
-        for row in live.values():
-            if row.pane in self._panes:
-                continue
-            try:
-                fd = os.open(row.fifo, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
-            except OSError:
-                continue  # its FIFO is gone: the pane shows its last job until it is closed
-            wrapper = row.wrapper
-            self._panes[row.pane] = Pane(
-                row.pane,
-                row.window,
-                row.session,
-                row.session_name,
-                row.fifo,
-                fd,
-                row.pid,
-                proc.started_at(row.pid),
-                token=row.token or None,
-                wrapper=wrapper,
-                wrapper_started=proc.started_at(wrapper) if wrapper else None,
-                exit_path=row.exit or None,
-                name=row.window_name,
-            )
-        return rows
-
-    def discover(self) -> dict[str, Handle]:
-        """The tmux executor's; then the FIFOs of panes no longer on the server (closed by a
-        user, or gone with the server while no daemon ran) are removed."""
-        found = super().discover()
-        self._unlink_unused()
-        return found
-
-    def _unlink_unused(self) -> None:
-        folder = self.home.root / "panes"
-        used = {p.fifo for p in self._panes.values()}
-        with contextlib.suppress(OSError):
-            for name in os.listdir(folder):
-                path = str(folder / name)
-                if name.endswith(".fifo") and path not in used:
-                    with contextlib.suppress(OSError):
-                        os.unlink(path)
-
     def close(self) -> None:
         """Close the FIFOs (the panes and what they run go on)."""
-        for pane in list(self._panes.values()):
-            self._drop(pane)
+        super().close()
         if self._answers >= 0:
             os.close(self._answers)
             self._answers = -1

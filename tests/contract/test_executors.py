@@ -1148,6 +1148,35 @@ def test_a_suite_with_nothing_left_queued_has_its_idle_panes_show_their_last_job
     assert again["pane"] == other["pane"] and ended(b, again, ap)["exit_code"] == 0
 
 
+def test_a_window_per_job_daemon_ends_the_reused_panes_an_earlier_daemon_left(reuse_bench: Bench) -> None:
+    """A daemon restarted with GPUSCHED_TMUX_PANES=job after one that reused panes launches into
+    none of them; each shows its last job dead once that job has ended (at its first tick for a
+    pane already idle, though its suite has jobs queued), not a loop waiting all night."""
+    from gpusched.executors.tmux_reuse import TmuxWindowExecutor
+
+    b = reuse_bench
+    busy, bp, breq = b.launch(GATED, job_name="busy")
+    retry_until((bp.dir / "started").exists)
+    done, dp, _ = b.launch(OK, job_name="done")
+    assert ended(b, done, dp)["exit_code"] == 0
+    b.ex = TmuxWindowExecutor(b.home)  # the daemon restarted with GPUSCHED_TMUX_PANES=job
+    taken = b.ex.discover()[breq.token]
+    assert taken["pane"] == busy["pane"] and b.ex.alive(taken)
+    b.ex.reaped([], {"s1"})  # its first tick: s1 has jobs queued, but no pane will run one
+    assert dead_with(b, done["pane"]) == "0"
+    assert not pane_dead(b, busy["pane"]) and b.ex.alive(taken)
+    h, hp, _ = b.launch(EXIT3, job_name="new")
+    assert h["pane"] not in (busy["pane"], done["pane"])
+    assert not b.tmux("display-message", "-p", "-t", h["pane"], "#{@gpusched_fifo}").strip()  # no loop
+    assert ended(b, h, hp)["exit_code"] == 3
+    (bp.dir / "gate").touch()
+    assert ended(b, busy, bp)["exit_code"] == 0
+    b.ex.reaped([taken, h], {"s1"})
+    assert dead_with(b, busy["pane"]) == "0" and dead_with(b, h["pane"]) == "3"
+    b.ex.discover()
+    assert not [f for f in os.listdir(b.home.root / "panes") if f.endswith(".fifo")]
+
+
 def test_how_long_a_job_ran_is_what_decides_whether_its_pane_keeps_it(tmp_path: Path) -> None:
     """By the attempt's own clock: the pid file's mtime (its start) to exit.json's (its end)."""
     from gpusched.executors.tmux_reuse import SHORT_S, Pane
@@ -1230,7 +1259,10 @@ def test_the_panes_setting_is_read_from_the_environment(
     ):
         monkeypatch.setenv(tmux_reuse.PANES_ENV, raw)
         ex = make_executor("tmux", Home(tmp_path))
-        assert getattr(ex, "short_s", "a window for each") == short_s
+        if short_s == "a window for each":
+            assert type(ex) is tmux_reuse.TmuxWindowExecutor
+        else:
+            assert type(ex) is tmux_reuse.TmuxReuseExecutor and ex.short_s == short_s
     with pytest.raises(ValueError):
         tmux_reuse.parse_panes("fast")
 
