@@ -336,9 +336,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     from gpusched import daemon
+    from gpusched.home import Home
 
     cwd = Path.cwd()
-    home = _home()
+    home = Home.from_env()  # (made only once the suite is queued: a refused submit leaves no trace)
+    daemon.check_machine(home)
     daemon.check_env()  # before anything is queued: the daemon this may start reads these
     probe_spec = _probe_spec(args.fake_gpus)
     running = daemon.info(home)
@@ -430,7 +432,7 @@ def _submit(
     env_path = home.suite_env(suite.name)
     from gpusched.store import Store
 
-    store = Store(home.db)
+    store = Store(home.ensure().db)
     daemon.check_jobs_elsewhere(home, store)  # the daemon would refuse to start: queue nothing
     _refuse_shared_output_dirs(store, suite)
     write_env_snapshot(env_path, dict(os.environ))

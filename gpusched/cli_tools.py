@@ -318,8 +318,10 @@ def _queue_sharing(args: argparse.Namespace) -> tuple[dict[tuple[str, int], floa
 
 def cmd_daemon(args: argparse.Namespace) -> int:
     from gpusched import daemon
+    from gpusched.home import Home
 
-    home = _home()
+    # on standby, the state directory is made once told to go: a refused submit leaves none
+    home = Home.from_env() if args.action == "run" and args.standby else _home()
     probe = args.probe or _probe_spec(args.fake_gpus)
     if args.forget_host and args.action != "start":
         raise UsageError("--forget-host goes with `gpusched daemon start`")

@@ -186,11 +186,13 @@ class Starting:
     ``submit`` starts one first thing, before the CLI is imported (:mod:`gpusched.entry`), so
     that the daemon's start (~0.15 s on a 16-core machine) overlaps the submit's own start,
     reading and queueing the suite instead of following them, and a refused submit still
-    leaves no daemon behind. Whoever tells it to go checks the environment it will read first
-    (:func:`check_env`: :func:`start`, and ``submit`` before it queues anything)."""
+    leaves no daemon behind, nor anything in the state directory (not even the directory, on
+    a first night): until told to go, the daemon writes to a file with no name
+    (:func:`_nameless_file`), and then appends what it wrote there to daemon.log. Whoever
+    tells it to go checks the environment it will read first (:func:`check_env`:
+    :func:`start`, and ``submit`` before it queues anything)."""
 
     def __init__(self, home: Home, *, probe: str | None = None) -> None:
-        home.ensure()
         argv = [sys.executable, "-m", "gpusched", "daemon", "run", "--standby"]
         if probe:
             argv += ["--probe", probe]
@@ -198,12 +200,13 @@ class Starting:
 
         self.home = home
         self.probe = probe
+        self._early = _nameless_file()
         told, self._go = os.pipe()
         try:
-            with open(home.daemon_log, "ab") as out:
-                self.child = proc.spawn(argv, stdin=told, stdout=out, stderr=out)
+            self.child = proc.spawn(argv, stdin=told, stdout=self._early, stderr=self._early)
         except BaseException:
             os.close(self._go)
+            os.close(self._early)
             raise
         finally:
             os.close(told)
@@ -211,6 +214,13 @@ class Starting:
     def go(self, *, timeout_s: float = 15.0) -> dict[str, Any]:
         """Let the daemon run; return its info once it is ready. When another daemon started
         meanwhile (a submit beside this one), this one exits and that one's info is returned."""
+        early, self._early = self._early, -1
+        try:
+            return self._go_and_wait(early, timeout_s)
+        finally:
+            os.close(early)
+
+    def _go_and_wait(self, early: int, timeout_s: float) -> dict[str, Any]:
         current = info(self.home)
         if current is not None:
             self.cancel()
@@ -234,7 +244,14 @@ class Starting:
         log_path = self.home.daemon_log
         if self.child.returncode is None:
             raise DaemonError(f"the daemon did not start within {timeout_s:.0f} s: see {log_path}")
-        said = last_line(tail(log_path, 4096))  # its own last words: it appended them as it exited
+        if words := _read_from_start(early):  # it died before it wrote to daemon.log: they go there
+            said = last_line(words.decode(errors="replace"))
+            with contextlib.suppress(OSError, UsageError):
+                self.home.ensure()
+                with open(log_path, "ab") as out:
+                    out.write(words)
+        else:
+            said = last_line(tail(log_path, 4096))  # its own last words: it appended them as it exited
         raise DaemonError(
             f"the daemon exited with code {self.child.returncode} as it started"
             + (f" ({said})" if said else "")
@@ -246,6 +263,49 @@ class Starting:
         if self._go >= 0:
             os.close(self._go)
             self._go = -1
+        if self._early >= 0:  # (never told to go: what it wrote goes with it)
+            os.close(self._early)
+            self._early = -1
+
+
+def _nameless_file() -> int:
+    """A file with no name in the temporary folder, read-write: where a daemon on standby
+    writes (:class:`Starting`), which goes when the last process that has it closes it."""
+    folder = os.environ.get("TMPDIR") or "/tmp"
+    try:
+        return os.open(folder, os.O_TMPFILE | os.O_RDWR, 0o600)
+    except OSError:  # a file system without O_TMPFILE: a file of its own, its name removed at once
+        path = os.path.join(folder, f".gpusched-standby-{os.getpid()}-{time.monotonic_ns()}")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        os.unlink(path)
+        return fd
+
+
+def _read_from_start(fd: int) -> bytes:
+    chunks, at = [], 0
+    while chunk := os.pread(fd, 65536, at):
+        chunks.append(chunk)
+        at += len(chunk)
+    return b"".join(chunks)
+
+
+def _write_to_log(path: Path) -> None:
+    """Told to go, a daemon on standby writes to daemon.log from now on (its stdout and
+    stderr), after what it wrote before, copied from its nameless file (:class:`Starting`),
+    which is then emptied: what that file still holds when the daemon dies as it starts
+    never reached daemon.log, and the submit appends it there."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        with contextlib.suppress(OSError):  # (the file is the submit's: it may be anything)
+            if words := _read_from_start(1):
+                os.write(fd, words)
+            os.ftruncate(1, 0)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+    finally:
+        os.close(fd)
 
 
 def stop(home: Home, *, timeout_s: float = 15.0) -> bool:
@@ -328,6 +388,8 @@ def run(
     if standby and not _told_to_go():
         return 0
     home.ensure()
+    if standby:
+        _write_to_log(home.daemon_log)
     # not at once: a client's info() holds the lock for an instant while it looks
     lock = _take_lock(home.lock, _LOCK_WAIT_S)
     if lock is None:

@@ -552,20 +552,22 @@ def test_a_repeated_submit_keeps_the_nights_plan_and_a_new_plan_replaces_it(
 
 def test_a_daemon_on_standby_holds_nothing_and_ends_unless_told_to_go(gs_home: Path) -> None:
     """`submit` starts the daemon before it reads the plan (its start overlaps the submit's own
-    work): until told to go it has taken no lock, opened no database and written nothing, and
-    it exits when let go; told to go, it is the daemon, ready, with that same pid."""
+    work): until told to go it has taken no lock, opened no database and written nothing (on a
+    first night, not even the state directory), and it exits when let go; told to go, it is
+    the daemon, ready, with that same pid, and writes to daemon.log."""
     from gpusched import daemon
 
     home = Home(gs_home)
     standby = daemon.Starting(home, probe="fake:1x24GiB")
-    assert daemon.info(home) is None and not home.db.exists()
+    assert daemon.info(home) is None and not gs_home.exists()
     standby.cancel()
     assert standby.child.wait() == 0
-    assert daemon.info(home) is None and not home.db.exists() and not home.daemon_info.exists()
+    assert daemon.info(home) is None and not gs_home.exists()
 
     ready = daemon.Starting(home, probe="fake:1x24GiB").go()
     assert ready["ready"] and ready["probe"] == "fake"
     assert daemon.info(home) == ready
+    retry_until(lambda: f"daemon {ready['pid']} ready" in home.daemon_log.read_text())
     # a second one, started beside a daemon that runs, steps aside for it
     beside = daemon.Starting(home, probe="fake:1x24GiB")
     assert beside.go()["pid"] == ready["pid"]
@@ -707,6 +709,17 @@ def test_a_daemon_that_dies_as_it_starts_is_reported_at_once_with_its_last_words
     assert time.monotonic() - t0 < 30
     assert "exited with code 2 as it started (gpusched: GPU probe 'bogus:1' is not known" in str(e.value)
     assert daemon.info(Home(gs_home)) is None
+    # (it died on standby, before it wrote to daemon.log: the submit put its words there)
+    assert "gpusched: GPU probe 'bogus:1' is not known" in Home(gs_home).daemon_log.read_text()
+
+
+def test_a_refused_first_submit_leaves_no_state_directory(gs_home: Path, project: Path) -> None:
+    """The daemon it started on standby wrote nothing there: a typo on a first night leaves no
+    trace to find later."""
+    r = run_cli("submit", "--suite", "nosuch", "--gpu-plan", "1", cwd=project, env=FAKE)
+    assert r.returncode == 2 and "plans/nosuch.yaml: file not found" in r.stderr
+    assert not gs_home.exists()
+    retry_until(lambda: not proc.carrying("GPUSCHED_HOME", str(gs_home)), timeout=10)
 
 
 def test_submit_does_not_take_the_folders_its_daemon_just_made_for_another_queues(
