@@ -270,15 +270,19 @@ class Starting:
 
 def _nameless_file() -> int:
     """A file with no name in the temporary folder, read-write: where a daemon on standby
-    writes (:class:`Starting`), which goes when the last process that has it closes it."""
-    folder = os.environ.get("TMPDIR") or "/tmp"
-    try:
-        return os.open(folder, os.O_TMPFILE | os.O_RDWR, 0o600)
-    except OSError:  # a file system without O_TMPFILE: a file of its own, its name removed at once
-        path = os.path.join(folder, f".gpusched-standby-{os.getpid()}-{time.monotonic_ns()}")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        os.unlink(path)
-        return fd
+    writes (:class:`Starting`), which goes when the last process that has it closes it. Where
+    no temporary folder takes one, /dev/null (the daemon's words before the word to go are
+    then lost, not the submit)."""
+    for folder in dict.fromkeys((os.environ.get("TMPDIR") or "/tmp", "/tmp")):
+        try:
+            return os.open(folder, os.O_TMPFILE | os.O_RDWR, 0o600)
+        except OSError:  # a file system without O_TMPFILE: a file of its own, its name removed at once
+            path = os.path.join(folder, f".gpusched-standby-{os.getpid()}-{time.monotonic_ns()}")
+            with contextlib.suppress(OSError):
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+                os.unlink(path)
+                return fd
+    return os.open(os.devnull, os.O_RDWR)
 
 
 def _read_from_start(fd: int) -> bytes:

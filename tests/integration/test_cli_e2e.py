@@ -747,3 +747,21 @@ def test_submit_does_not_take_the_folders_its_daemon_just_made_for_another_queue
     assert cli.main(["submit", "--suite", "q", "--gpu-plan", "2", "--backend", "subprocess"]) == 0
     out = capsys.readouterr().out
     assert "q: queued 2 jobs" in out and "already have log folders" not in out
+
+
+def test_the_standby_daemon_s_file_has_no_name_even_where_tmpdir_is_wrong(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a standby daemon writes before the word to go lies in no folder (a refused submit
+    leaves nothing anywhere), and a TMPDIR that does not exist does not refuse the submit."""
+    from gpusched import daemon
+
+    for tmpdir in ("/tmp", "/nonexistent/gpusched-test"):
+        monkeypatch.setenv("TMPDIR", tmpdir)
+        fd = daemon._nameless_file()
+        try:
+            assert os.fstat(fd).st_nlink == 0
+            os.write(fd, b"words\n")
+            assert daemon._read_from_start(fd) == b"words\n"
+        finally:
+            os.close(fd)
