@@ -345,6 +345,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     probe_spec = _probe_spec(args.fake_gpus)
     running = daemon.info(home)
     refuse_another_probe(running, probe_spec, probe_source(args.fake_gpus))
+    daemon.say_settings_not_taken(running)
     # the GPUs the jobs will be placed on: --fake-gpus, else those of the running daemon's probe
     placed_by = probe_spec or daemon_probe_spec(running)
     starting = _standby(args, home, probe_spec, running)

@@ -216,6 +216,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
     home = _home()
     daemon.check_env()  # before anything is queued again: the daemon this may start reads these
     daemon.check_jobs_elsewhere(home, store)  # ... and would refuse to start
+    daemon.say_settings_not_taken(daemon.info(home))
     chosen: dict[str, int | None] = {}
     for job_id in _retryable(store, args.jobs):
         tier = None

@@ -330,7 +330,9 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     if args.action == "run":
         return daemon.run(home, probe_spec=probe, standby=args.standby)
     if args.action == "start":
-        refuse_another_probe(daemon.info(home), probe, probe_source(args.fake_gpus, args.probe))
+        running = daemon.info(home)
+        refuse_another_probe(running, probe, probe_source(args.fake_gpus, args.probe))
+        daemon.say_settings_not_taken(running)
         if home.db.exists():  # the daemon would refuse: say it here, in one line
             store = _store(readonly=True)
             try:

@@ -17,7 +17,7 @@ import signal
 import stat
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -449,6 +449,7 @@ def run(
         "probe": probe.name,
         "probe_spec": probe_spec,
         "probe_notice": probe.notice(),
+        "settings": env_settings(),  # (as it read them: submit says when its own differ)
         "ready": False,
     }
     _write_info(home, info_doc)
@@ -550,41 +551,93 @@ def _parse_grace(raw: str) -> float:
 
 #: What a daemon reads from its environment: the variable, the function that parses it (imported
 #: only where the variable is set: ``submit`` imports nothing for the settings left alone, ~25 ms
-#: of its start on 2 cores), and what it takes. A test keeps the names those modules read.
+#: of its start on 2 cores), what it takes, and what the daemon does without it (as that function
+#: reads it). A test keeps the names those modules read, and the defaults theirs.
 ENV_SETTINGS = (
-    ("GPUSCHED_HOST_MIN_FREE", "gpusched.memory:parse_host_min", "like 4GiB, 10%, 4GiB,10% or 0 (off)"),
-    ("GPUSCHED_DISK_MIN_FREE", "gpusched.disk:parse_disk_min", "like 1GiB, 5%, 1GiB,5% or 0 (off)"),
-    (CANCEL_GRACE_ENV, "gpusched.daemon:_parse_grace", "a number of seconds >= 0"),
+    (
+        "GPUSCHED_HOST_MIN_FREE",
+        "gpusched.memory:parse_host_min",
+        "like 4GiB, 10%, 4GiB,10% or 0 (off)",
+        "4GiB,10%",
+    ),
+    ("GPUSCHED_DISK_MIN_FREE", "gpusched.disk:parse_disk_min", "like 1GiB, 5%, 1GiB,5% or 0 (off)", "1GiB"),
+    (CANCEL_GRACE_ENV, "gpusched.daemon:_parse_grace", "a number of seconds >= 0", "10"),
     (
         "GPUSCHED_RUNNER",
         "gpusched.executors.subprocess:parse_runner",
         "1 or 0 (0: each plain process's wrapper started on its own)",
+        "1",
     ),
     (
         "GPUSCHED_TMUX_PANES",
         "gpusched.executors.tmux_reuse:parse_panes",
         "auto, reuse or job (job: a tmux window for each job)",
+        "auto",
     ),
 )
+
+
+def _parser(where: str) -> Callable[[str], Any]:
+    import importlib
+
+    module, _, function = where.partition(":")
+    return getattr(importlib.import_module(module), function)
 
 
 def check_env() -> None:
     """Refuse, in one line, a setting in the environment that a daemon started from here
     would read: ``submit`` and ``daemon start`` call this before they change anything, so a
     typo is not found hours later as a default quietly used."""
-    import importlib
-
     from gpusched.errors import UsageError
 
-    for name, where, expected in ENV_SETTINGS:
+    for name, where, expected, _ in ENV_SETTINGS:
         raw = os.environ.get(name, "").strip()
         if not raw:
             continue
-        module, _, function = where.partition(":")
         try:
-            getattr(importlib.import_module(module), function)(raw)
+            _parser(where)(raw)
         except ValueError:
             raise UsageError(f"{name}={raw!r} in the environment: not {expected}; fix or unset it") from None
+
+
+def env_settings() -> dict[str, str]:
+    """The settings of :data:`ENV_SETTINGS` this process's environment gives (the daemon records
+    its own in daemon.json: :func:`settings_not_taken`)."""
+    return {name: raw for name, *_ in ENV_SETTINGS if (raw := os.environ.get(name, "").strip())}
+
+
+def say_settings_not_taken(running: dict[str, Any] | None) -> None:
+    """:func:`settings_not_taken`'s line, on stderr, where there is one (``submit``, ``retry`` and
+    ``daemon start`` beside a daemon that runs)."""
+    if (note := settings_not_taken(running)) is not None:
+        print(f"gpusched: {note}", file=sys.stderr)
+
+
+def settings_not_taken(running: dict[str, Any] | None) -> str | None:
+    """One line when this environment gives a setting (checked: :func:`check_env`) that the
+    daemon already running does not have: it read its settings as it started, so the value
+    here would be quietly ignored until it starts again. None when every one agrees, when no
+    daemon runs, or when it is one that does not record them."""
+    theirs = running.get("settings") if running else None
+    if not isinstance(theirs, dict):
+        return None
+    differ = []
+    for name, where, _, default in ENV_SETTINGS:
+        mine = os.environ.get(name, "").strip()
+        if not mine:
+            continue
+        used = str(theirs.get(name) or default)
+        parse = _parser(where)
+        if parse(mine) != parse(used):
+            differ.append(f"{name}={used}{'' if name in theirs else ' (its default)'}, not {mine} as here")
+    if not differ:
+        return None
+    assert running is not None
+    return (
+        f"note: the daemon already running (pid {running.get('pid')}) has {'; '.join(differ)}: a daemon"
+        " reads these as it starts; for them to apply, `gpusched daemon stop` (its jobs keep running)"
+        " and run this again"
+    )
 
 
 def _wait(fifo: int, timeout_s: float) -> None:

@@ -445,6 +445,8 @@ def format_status(
     d = doc["daemon"]
     if d:
         head = paint(f"daemon pid {d.get('pid')}  probe {d.get('probe')}", "bold")
+        if isinstance(settings := d.get("settings"), dict) and settings:  # what its environment set
+            head += "  " + " ".join(f"{k}={v}" for k, v in sorted(settings.items()))
         if d.get("stalled_s"):
             since = f"no scheduling step has finished for {d['stalled_s']} s"
             head += paint(f"  STALLED: {since} ({d.get('stalled_why')})", "bold red")

@@ -405,6 +405,47 @@ def test_a_bad_setting_in_the_environment_is_refused_before_anything_is_queued(
     retry_until(lambda: not proc.carrying("GPUSCHED_HOME", str(gs_home)), timeout=10)
 
 
+def test_a_setting_the_running_daemon_does_not_have_is_named_not_quietly_ignored(
+    gs_home: Path, project: Path
+) -> None:
+    """A daemon reads its settings as it starts: a submit beside one that runs, with another
+    value in its environment, queues as asked and says, in one line, which of them the daemon
+    has and how to change it. The same value spelled otherwise, or the default itself, says
+    nothing; the daemon's own show in `status` and `daemon status`."""
+    write_plan(project, "env", "true", ["a"])
+    args = ["submit", "--suite", "env", "--gpu-plan", "1", "--backend", "subprocess"]
+    run_cli(*args, cwd=project, env={**FAKE, "GPUSCHED_TMUX_PANES": "reuse"}, check=True)
+    info = json.loads(run_cli("daemon", "status", cwd=project, check=True).stdout)
+    assert info["settings"] == {"GPUSCHED_TMUX_PANES": "reuse"}
+    assert "GPUSCHED_TMUX_PANES=reuse" in run_cli("status", cwd=project, check=True).stdout.splitlines()[0]
+
+    other = {**FAKE, "GPUSCHED_TMUX_PANES": "job", "GPUSCHED_CANCEL_GRACE_S": "30"}
+    r = run_cli(*args, cwd=project, env=other)
+    assert r.returncode == 0 and "queued 0 jobs" in r.stdout  # (a was already queued or done)
+    assert r.stderr.strip().splitlines() == [
+        f"gpusched: note: the daemon already running (pid {info['pid']}) has GPUSCHED_CANCEL_GRACE_S=10"
+        " (its default), not 30 as here; GPUSCHED_TMUX_PANES=reuse, not job as here: a daemon reads these"
+        " as it starts; for them to apply, `gpusched daemon stop` (its jobs keep running) and run this again"
+    ]
+    same = {**FAKE, "GPUSCHED_TMUX_PANES": " Reuse ", "GPUSCHED_CANCEL_GRACE_S": "10.0"}
+    assert run_cli(*args, cwd=project, env=same, check=True).stderr == ""
+    r = run_cli("daemon", "start", cwd=project, env={"GPUSCHED_RUNNER": "0"}, check=True)
+    assert "has GPUSCHED_RUNNER=1 (its default), not 0 as here" in r.stderr
+
+
+def test_a_daemon_that_recorded_no_settings_gets_no_note(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One started by a gpusched before daemon.json kept its settings: what it read is not
+    known, so nothing is claimed about it; nor with no daemon at all."""
+    from gpusched import daemon
+
+    monkeypatch.setenv("GPUSCHED_TMUX_PANES", "job")
+    assert daemon.settings_not_taken({"pid": 1, "ready": True}) is None
+    assert daemon.settings_not_taken(None) is None
+    assert daemon.settings_not_taken({"pid": 1, "settings": {"GPUSCHED_TMUX_PANES": "job"}}) is None
+    note = daemon.settings_not_taken({"pid": 1, "settings": {}})
+    assert note is not None and "GPUSCHED_TMUX_PANES=auto (its default), not job as here" in note
+
+
 def test_retry_a_pattern_queues_again_what_failed_and_nothing_half_way(gs_home: Path, project: Path) -> None:
     """The morning after: `retry 'r/*'` takes the failed and cancelled jobs the pattern
     matches, not the ones that succeeded or still run; a retry that names a job not finished

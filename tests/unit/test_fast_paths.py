@@ -777,7 +777,9 @@ def test_the_host_memory_and_boot_time_read_from_proc_are_psutils() -> None:
     assert proc.started_at(os.getpid()) == pytest.approx(psutil.Process().create_time(), abs=0.01)
 
 
-def test_submit_checks_the_daemon_s_settings_importing_only_those_that_are_set() -> None:
+def test_submit_checks_the_daemon_s_settings_importing_only_those_that_are_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """``check_env`` names each setting the daemon reads, and the function that parses it,
     without importing their modules: the names are the ones those modules read, each parser
     exists, and a submit with none set imports none of the daemon's modules (nor, checking
@@ -789,12 +791,24 @@ def test_submit_checks_the_daemon_s_settings_importing_only_those_that_are_set()
     from gpusched.executors import subprocess as plain
     from gpusched.executors import tmux_reuse
 
-    names = [name for name, _, _ in daemon.ENV_SETTINGS]
+    names = [name for name, *_ in daemon.ENV_SETTINGS]
     read = [memwatch.HOST_MIN_ENV, disk.DISK_MIN_ENV, daemon.CANCEL_GRACE_ENV, plain.RUNNER_ENV]
     assert names == [*read, tmux_reuse.PANES_ENV]
-    for _, where, _ in daemon.ENV_SETTINGS:
+    for _, where, _, _ in daemon.ENV_SETTINGS:
         module, _, function = where.partition(":")
         assert callable(getattr(sys.modules[module], function))
+    # each default, as written there, is what the daemon does with the variable unset
+    for name in names:
+        monkeypatch.delenv(name, raising=False)
+    unset = {
+        memwatch.HOST_MIN_ENV: memwatch.host_limit_from_env(),
+        disk.DISK_MIN_ENV: disk.disk_limit_from_env(),
+        daemon.CANCEL_GRACE_ENV: daemon._cancel_grace_s(),
+        plain.RUNNER_ENV: True,  # (SubprocessExecutor's default: env_setting(..., True))
+        tmux_reuse.PANES_ENV: tmux_reuse.panes_wanted({}),
+    }
+    for name, where, _, default in daemon.ENV_SETTINGS:
+        assert daemon._parser(where)(default) == unset[name], name
     code = (
         "import sys; from gpusched import cli_common, daemon; daemon.check_env(); "
         "cli_common.check_backend('subprocess'); "
