@@ -628,7 +628,11 @@ def settings_not_taken(running: dict[str, Any] | None) -> str | None:
             continue
         used = str(theirs.get(name) or default)
         parse = _parser(where)
-        if parse(mine) != parse(used):
+        try:
+            value = parse(used)
+        except ValueError:  # (a daemon started without check_env: it logged it and took the default)
+            used, value = default, parse(default)
+        if parse(mine) != value:
             differ.append(f"{name}={used}{'' if name in theirs else ' (its default)'}, not {mine} as here")
     if not differ:
         return None

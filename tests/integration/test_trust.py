@@ -444,6 +444,9 @@ def test_a_daemon_that_recorded_no_settings_gets_no_note(monkeypatch: pytest.Mon
     assert daemon.settings_not_taken({"pid": 1, "settings": {"GPUSCHED_TMUX_PANES": "job"}}) is None
     note = daemon.settings_not_taken({"pid": 1, "settings": {}})
     assert note is not None and "GPUSCHED_TMUX_PANES=auto (its default), not job as here" in note
+    # one started by hand with a value it does not take (`daemon run` checks none) took the default
+    note = daemon.settings_not_taken({"pid": 1, "settings": {"GPUSCHED_TMUX_PANES": "slot"}})
+    assert note is not None and "GPUSCHED_TMUX_PANES=auto, not job as here" in note
 
 
 def test_retry_a_pattern_queues_again_what_failed_and_nothing_half_way(gs_home: Path, project: Path) -> None:
