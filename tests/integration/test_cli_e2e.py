@@ -713,6 +713,33 @@ def test_a_daemon_that_dies_as_it_starts_is_reported_at_once_with_its_last_words
     assert "gpusched: GPU probe 'bogus:1' is not known" in Home(gs_home).daemon_log.read_text()
 
 
+def test_a_daemon_that_hangs_as_it_starts_is_reported_with_what_it_said_on_standby(gs_home: Path) -> None:
+    """One stuck before it took the word to go (in NVML's initialisation, say) has written
+    nothing to daemon.log yet: its last line on standby is in the report instead."""
+    import signal
+
+    from gpusched import daemon
+    from gpusched.errors import DaemonError
+
+    standby = daemon.Starting.__new__(daemon.Starting)  # its process: one that never takes the word
+    standby.home, standby.probe = Home(gs_home), None
+    standby._early = daemon._nameless_file()
+    os.write(standby._early, b"gpusched: NVML is slow to answer\n")
+    told, standby._go = os.pipe()
+    standby.child = proc.spawn(["sleep", "30"], stdin=told)
+    os.close(told)
+    try:
+        with pytest.raises(DaemonError) as e:
+            standby.go(timeout_s=0.2)
+        assert str(e.value) == (
+            "the daemon did not start within 0 s (gpusched: NVML is slow to answer): "
+            f"see {gs_home / 'daemon.log'}"
+        )
+    finally:
+        os.kill(standby.child.pid, signal.SIGKILL)
+        standby.child.wait()
+
+
 def test_a_refused_first_submit_leaves_no_state_directory(gs_home: Path, project: Path) -> None:
     """The daemon it started on standby wrote nothing there: a typo on a first night leaves no
     trace to find later."""
