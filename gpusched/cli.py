@@ -562,6 +562,7 @@ def _submit_doc(
         "updated": list(result.updated),
         "not_in_plan": dropped,
         "plan_before": result.plan_before,
+        "backend_before": result.backend_before,
         "moved_from": result.moved_from,
         "gpu_plan": gplan.as_text(),
         "gpus": list(gplan.gpus),
@@ -603,6 +604,11 @@ def _print_changes(result: SubmitResult, dropped: list[str], *, dry: bool, kept:
         print(
             f"  plan {'would change' if dry else 'changed'} from {result.plan_before}: queued jobs are placed"
             f" by this one from {'then' if dry else 'now'}; running ones stay where they are"
+        )
+    if result.backend_before is not None:
+        print(
+            f"  backend {'would change' if dry else 'changed'} from {result.backend_before}: queued jobs are"
+            f" launched with this one from {'then' if dry else 'now'}; running ones stay where they are"
         )
 
 

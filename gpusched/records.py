@@ -137,6 +137,8 @@ class SubmitResult(Struct, frozen=True, kw_only=True):
     updated: tuple[str, ...] = ()  # of those, queued jobs whose spec the plan submitted now changed
     #: the suite's GPU plan before this submit, as "1,1 on GPUs 0,1", when this one changed it
     plan_before: str | None = None
+    #: the suite's backend before this submit, when this one changed it
+    backend_before: str | None = None
     #: the directory the suite was last submitted from, when this submit came from another one
     #: (its finished jobs ran there, and their logs are there)
     moved_from: str | None = None

@@ -337,7 +337,7 @@ class Store:
         now = time.time() if now is None else now
         queued, requeued, skipped, updated = [], [], [], []
         with self.tx():
-            plan_before, moved_from = self._upsert_suite(
+            plan_before, backend_before, moved_from = self._upsert_suite(
                 suite, plan, backend=backend, cwd=cwd, env_path=env_path, options=options, now=now
             )
             existing = {
@@ -374,6 +374,7 @@ class Store:
             skipped=tuple(skipped),
             updated=tuple(updated),
             plan_before=plan_before,
+            backend_before=backend_before,
             moved_from=moved_from,
         )
 
@@ -400,11 +401,14 @@ class Store:
         env_path: str | None,
         options: dict[str, Any] | None,
         now: float,
-    ) -> tuple[str | None, str | None]:
+    ) -> tuple[str | None, str | None, str | None]:
         """Record the suite (a new submit's plan, GPUs, tiers and backend replace the old ones
-        for its queued jobs). Returns the GPU plan it had, as "1,1 on GPUs 0,1", when this
-        changes it, and the directory it was submitted from, when this one is another."""
-        old = self.db.execute("SELECT cwd, gpus, slots FROM suites WHERE name = ?", (suite.name,)).fetchone()
+        for its queued jobs). Returns the GPU plan it had, as "1,1 on GPUs 0,1", and its backend,
+        each when this changes it, and the directory it was submitted from, when this one is
+        another."""
+        old = self.db.execute(
+            "SELECT cwd, gpus, slots, backend FROM suites WHERE name = ?", (suite.name,)
+        ).fetchone()
         if old is not None and old["cwd"] != cwd:
             active = self.db.execute(
                 "SELECT COUNT(*) FROM jobs WHERE suite = ? AND state IN (?, ?)", (suite.name, *ACTIVE_STATES)
@@ -431,12 +435,13 @@ class Store:
             ),
         )
         if old is None:
-            return None, None
+            return None, None, None
         moved_from = old["cwd"] if old["cwd"] != cwd else None
+        backend_before = old["backend"] if old["backend"] != backend else None
         gpus, slots = json.loads(old["gpus"]), json.loads(old["slots"])
         if (gpus, slots) == (list(plan.gpus), list(plan.slots)):
-            return None, moved_from
-        return f"{','.join(map(str, slots))} on GPUs {','.join(map(str, gpus))}", moved_from
+            return None, backend_before, moved_from
+        return f"{','.join(map(str, slots))} on GPUs {','.join(map(str, gpus))}", backend_before, moved_from
 
     def _insert_jobs(self, jobs: Sequence[JobSpec], now: float) -> None:
         """Queue new jobs, each with its "queued" event: two statements for all of them (one

@@ -524,6 +524,14 @@ def test_a_repeated_submit_keeps_the_nights_plan_and_a_new_plan_replaces_it(
     )
     narrower = submit("--gpu-plan", "1,0")
     assert (narrower["plan_before"], narrower["backend"]) == ("2,1 on GPUs 0,1", "subprocess")
+    assert again["backend_before"] is None and narrower["backend_before"] is None
+    # another --backend replaces it for the queued jobs, and says which it replaced
+    to_tmux = ("submit", "--suite", "t", "--backend", "tmux", "--dry-run")
+    dry = run_cli(*to_tmux, cwd=project, env=FAKE, check=True)
+    assert (
+        "  backend would change from subprocess: queued jobs are launched with this one from then;"
+        " running ones stay where they are"
+    ) in dry.stdout.splitlines()
     # seeds 5 and 6 taken out of the plan, 7 added: the queued 5 and 6 would still run, and
     # submit says so; --dry-run says what it would do without doing it
     write_plan(

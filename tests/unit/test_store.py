@@ -123,9 +123,14 @@ def test_resubmit_with_another_gpu_plan_replaces_it_and_says_what_it_was(store: 
     assert submit(store).plan_before is None  # the same plan again: nothing changed
     narrower = GpuPlan(gpus=(0, 1), slots=(2, 0))
     r = store.submit(make_suite(), narrower, backend="subprocess", cwd="/p", env_path=None)
-    assert r.plan_before == "2,1 on GPUs 0,1" and r.queued == ()
+    assert r.plan_before == "2,1 on GPUs 0,1" and r.queued == () and r.backend_before is None
     row = store.suite("E1")
     assert row is not None and row.gpu_plan == narrower
+    # and a new backend, which the queued jobs are launched with from now, says which it replaced
+    r = store.submit(make_suite(), narrower, backend="tmux", cwd="/p", env_path=None)
+    assert (r.plan_before, r.backend_before) == (None, "subprocess")
+    row = store.suite("E1")
+    assert row is not None and row.backend == "tmux"
 
 
 def test_resubmit_of_an_edited_plan_updates_the_queued_jobs_only(store: Store) -> None:
