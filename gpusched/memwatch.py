@@ -26,7 +26,7 @@ from msgspec.structs import replace
 from gpusched import memory, placement, predict
 from gpusched.logs import logger
 from gpusched.model import GpuProcess, GpuState, Outcome, Tier
-from gpusched.store import AttemptRow, JobRow, Store, SuiteRow
+from gpusched.store import AttemptRow, JobRow, Store, SuiteRow, in_chunks
 
 log = logger(__name__)  # logging is imported on first use (status logs nothing)
 
@@ -286,9 +286,7 @@ def history_rows(
         yield from cur.execute(
             _SELECT.format(where="j.task IN (SELECT value FROM json_each(?))"), [json.dumps(tasks)]
         )
-    for i in range(0, len(attempts), 500):
-        chunk = list(attempts[i : i + 500])
-        yield from cur.execute(_SELECT.format(where=f"a.id IN ({','.join('?' * len(chunk))})"), chunk)
+    yield from in_chunks(cur, _SELECT.format(where="a.id IN ({})"), attempts)
 
 
 class Running(Struct, frozen=True):

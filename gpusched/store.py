@@ -129,7 +129,7 @@ def waiting_out(state: str, not_before: float | None, now: float) -> bool:
     return state == "queued" and not_before is not None and not_before > now
 
 
-def _in_chunks(db: sqlite3.Connection, sql: str, keys: Sequence[Any]) -> Iterator[Any]:
+def in_chunks(db: sqlite3.Connection | sqlite3.Cursor, sql: str, keys: Sequence[Any]) -> Iterator[Any]:
     """The rows of ``sql``, whose one ``{}`` takes the placeholders of ``keys``, 500 keys a query:
     an SQLite before 3.32 takes at most 999 parameters a statement."""
     for i in range(0, len(keys), 500):
@@ -498,7 +498,7 @@ class Store:
 
     def submitted_at(self, names: Sequence[str]) -> dict[str, float]:
         """When each of the suites ``names`` that exist was last submitted, by name."""
-        return dict(_in_chunks(self.db, "SELECT name, submitted_at FROM suites WHERE name IN ({})", names))
+        return dict(in_chunks(self.db, "SELECT name, submitted_at FROM suites WHERE name IN ({})", names))
 
     def suite_names(self) -> list[str]:
         """The suites' names, oldest submission first (no suite decoded)."""
@@ -515,7 +515,7 @@ class Store:
     def jobs_by_id(self, ids: Collection[str]) -> dict[str, JobRow]:
         """The jobs of ``ids`` that exist, by id (one query, 500 ids at a time)."""
         q = "SELECT * FROM jobs WHERE id IN ({})"
-        return {r["id"]: JobRow.from_row(r) for r in _in_chunks(self.db, q, list(dict.fromkeys(ids)))}
+        return {r["id"]: JobRow.from_row(r) for r in in_chunks(self.db, q, list(dict.fromkeys(ids)))}
 
     def jobs(
         self, *, suite: str | None = None, states: Iterable[str] | None = None, limit: int | None = None
@@ -685,7 +685,7 @@ class Store:
 
     def attempts_by_token(self, tokens: Collection[str]) -> list[AttemptRow]:
         """The attempts whose launch token is one of ``tokens`` (the token column is unique)."""
-        rows = _in_chunks(self.db, "SELECT * FROM attempts WHERE token IN ({})", sorted(tokens))
+        rows = in_chunks(self.db, "SELECT * FROM attempts WHERE token IN ({})", sorted(tokens))
         return sorted((AttemptRow.from_row(r) for r in rows), key=lambda a: a.id)
 
     def all_attempts(self, *, suite: str | None = None) -> list[AttemptRow]:
@@ -726,7 +726,7 @@ class Store:
         with self.tx():
             q = "SELECT id, state, attempts FROM jobs WHERE id IN ({})"
             rows = {
-                job_id: (state, n) for job_id, state, n in _in_chunks(self.db, q, [a.job_id for a in news])
+                job_id: (state, n) for job_id, state, n in in_chunks(self.db, q, [a.job_id for a in news])
             }
             for i, a in enumerate(news):
                 row = rows.get(a.job_id)
@@ -783,7 +783,7 @@ class Store:
                 ],
             )
             q = "SELECT token, id FROM attempts WHERE token IN ({})"
-            made = dict(_in_chunks(self.db, q, [a.token for a, _, _ in taken.values()]))
+            made = dict(in_chunks(self.db, q, [a.token for a, _, _ in taken.values()]))
         return [refused[i] if i in refused else made[a.token] for i, a in enumerate(news)]
 
     def mark_running(self, attempt_id: int, handle: dict[str, Any], *, now: float) -> None:
@@ -832,7 +832,7 @@ class Store:
             return []
         with self.tx():
             q = "SELECT id FROM attempts WHERE state != 'exited' AND id IN ({})"
-            still = {i for (i,) in _in_chunks(self.db, q, [e.attempt_id for e in ends])}
+            still = {i for (i,) in in_chunks(self.db, q, [e.attempt_id for e in ends])}
             recorded = []
             for e in ends:  # (an attempt twice in a batch ends once)
                 recorded.append(e.attempt_id in still)
@@ -851,7 +851,7 @@ class Store:
                 " WHERE a.id IN ({})"
             )
             unread = [e.attempt_id for e in todo if e.job is None]
-            read = {aid: tuple(rest) for aid, *rest in _in_chunks(self.db, q, unread)}
+            read = {aid: tuple(rest) for aid, *rest in in_chunks(self.db, q, unread)}
             jobs: dict[str, dict[str, Any]] = {}  # by id, as the batch's moves leave them
             moves, events = [], []
             for e in todo:
