@@ -242,15 +242,15 @@ class Starting:
                 break  # it exited before it was ready, and no other daemon runs
             time.sleep(0.005)
         log_path = self.home.daemon_log
-        if self.child.returncode is None:  # (what it said before the word is not in daemon.log yet)
-            said = last_line(_read_from_start(early).decode(errors="replace"))
+        words = _read_from_start(early)  # what it said on standby, not in daemon.log (yet)
+        said = last_line(words.decode(errors="replace"))
+        if self.child.returncode is None:
             raise DaemonError(
                 f"the daemon did not start within {timeout_s:.0f} s"
                 + (f" ({said})" if said else "")
                 + f": see {log_path}"
             )
-        if words := _read_from_start(early):  # it died before it wrote to daemon.log: they go there
-            said = last_line(words.decode(errors="replace"))
+        if words:  # it died before it wrote to daemon.log: they go there
             with contextlib.suppress(OSError, UsageError):
                 self.home.ensure()
                 with open(log_path, "ab") as out:
