@@ -13,6 +13,7 @@ it exits without a trace.
 
 from __future__ import annotations
 
+import gc
 import sys
 from typing import TYPE_CHECKING
 
@@ -25,10 +26,19 @@ _NO_DAEMON = frozenset({"--dry-run", "-h", "--help", "--version"})
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    early = standby_for(argv)
+    # What the CLI's imports make (modules, classes, functions) lives as long as the process.
+    # Made without the cyclic collector and frozen after (``gc.freeze``), it is walked by no
+    # collection again, the one at exit included: ~17-20 M instructions fewer in every command
+    # (callgrind: 3 % of a 10k-job `status --json`, 7 % of `status`, 10 % of `--version`).
+    # Everything made later (a command's work, the daemon's night) is collected as before.
+    gc.disable()
     try:
+        early = standby_for(argv)
         from gpusched.cli import main as cli
-
+    finally:
+        gc.freeze()
+        gc.enable()
+    try:
         return cli(argv, early=early)
     finally:
         if early is not None:

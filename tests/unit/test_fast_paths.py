@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -784,8 +786,6 @@ def test_submit_checks_the_daemon_s_settings_importing_only_those_that_are_set(
     without importing their modules: the names are the ones those modules read, each parser
     exists, and a submit with none set imports none of the daemon's modules (nor, checking
     its ``--backend``, the executors)."""
-    import subprocess
-    import sys
 
     from gpusched import daemon, disk, memwatch
     from gpusched.executors import subprocess as plain
@@ -818,3 +818,19 @@ def test_submit_checks_the_daemon_s_settings_importing_only_those_that_are_set(
     env = {k: v for k, v in os.environ.items() if k not in names}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_a_command_runs_with_the_collector_on_and_what_its_imports_made_frozen() -> None:
+    """`gpusched` (its entry point, as the console script and `python -m gpusched` run it)
+    imports the CLI without the cyclic collector and freezes what that made: no collection
+    walks it again. The command itself, the daemon's whole night included, runs with the
+    collector on: cycles a night makes are freed, not kept until the daemon exits."""
+    code = (
+        "import gc, sys; from gpusched import cli, entry\n"
+        "def seen(argv, early=None):\n"
+        "    print(gc.isenabled(), gc.get_freeze_count() > 0, argv, early); return 3\n"
+        "cli.main = seen\n"
+        "sys.exit(entry.main(['daemon', 'status']))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert (out.returncode, out.stdout.strip()) == (3, "True True ['daemon', 'status'] None"), out.stderr
