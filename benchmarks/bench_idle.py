@@ -2,15 +2,20 @@
 with the GPU probe sampled every second, as on a real night.
 
     python benchmarks/bench_idle.py [--seconds 60] [--jobs 14] [--queued 0] [--backend subprocess]
+                                    [--gpu-processes N]
 
 Reads the daemon's user+system CPU time (psutil) at the start and end of the window and
 reports it as a share of one core. ``--queued N`` adds N jobs that wait behind the running
-ones (a long queue must not make an idle daemon busy either).
+ones (a long queue must not make an idle daemon busy either). ``--gpu-processes N``: the fake
+GPUs list a process, as a real GPU's driver lists the jobs' own (fake GPUs list none, so
+without it the daemon never reads the process table to tell whose they are), and N other
+processes (sleeping, as most of a GPU box's are) sit in the process table it reads each second.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -19,14 +24,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import daemon_pid, machine, sandbox, table
 
 
-def measure(seconds: float, running: int, queued: int, backend: str) -> tuple[float, float, float]:
-    """(cpu % of one core, CPU ms per second, RSS MiB) of the daemon over ``seconds``."""
+def measure(
+    seconds: float, running: int, queued: int, backend: str, gpu_processes: int | None = None
+) -> tuple[float, float, float]:
+    """(cpu % of one core, CPU ms per second, RSS MiB) of the daemon over ``seconds``;
+    ``gpu_processes``: GPUs that list a process, beside that many other processes."""
+    import json
+    import subprocess
+
     import psutil
 
-    with sandbox() as sb:
+    with sandbox() as sb, contextlib.ExitStack() as others:
         n = running + queued
         sb.write_plan("idle", n, command=": {config}; sleep 3600")
         env = sb.env(GPUSCHED_FAKE_GPUS="16x24GiB")
+        if gpu_processes is not None:
+            state = sb.root / "gpu_state.json"  # pid 1 on GPU 15: what its driver shows, not ours
+            listed = {"15": {"used_mib": 500, "processes": [{"pid": 1, "used_mib": 500}]}}
+            state.write_text(json.dumps(listed))
+            env["GPUSCHED_FAKE_GPU_STATE"] = str(state)
+            for _ in range(gpu_processes):
+                sleeper = subprocess.Popen(["sleep", "3600"])
+                others.callback(sleeper.wait)
+                others.callback(sleeper.kill)
         plan = ",".join("1" * running) + ",0" * (16 - running) if running < 16 else ",".join("1" * 16)
         sb.cli("submit", "--suite", "idle", "--gpu-plan", plan, "--backend", backend, env=env)
         deadline = time.monotonic() + 60
@@ -51,13 +71,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=14, help="running jobs (at most 16)")
     ap.add_argument("--queued", type=int, default=0, help="jobs waiting behind them")
     ap.add_argument("--backend", default="subprocess")
+    ap.add_argument(
+        "--gpu-processes",
+        type=int,
+        metavar="N",
+        help="the GPUs list a process (as a real GPU's do), and N other processes run on the machine",
+    )
     args = ap.parse_args(argv)
     rows = []
     for queued in sorted({0, args.queued}):
-        pct, ms, rss = measure(args.seconds, min(args.jobs, 16), queued, args.backend)
+        pct, ms, rss = measure(args.seconds, min(args.jobs, 16), queued, args.backend, args.gpu_processes)
         rows.append([f"{args.jobs} running, {queued} queued", f"{pct:.2f} %", f"{ms:.1f}", f"{rss:.0f}"])
+    listed = (
+        f", the GPUs listing a process, {args.gpu_processes} other processes on the machine"
+        if args.gpu_processes is not None
+        else ""
+    )
     print(
-        f"Idle daemon over {args.seconds:.0f} s, GPU probe sampled at 1 Hz, backend {args.backend} "
+        f"Idle daemon over {args.seconds:.0f} s, GPU probe sampled at 1 Hz, backend {args.backend}{listed} "
         f"({machine()})\n"
     )
     print(table(["jobs", "CPU (of one core)", "CPU ms per s", "RSS MiB"], rows))

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, Any
 
 from gpusched.errors import CommandFailed
-from gpusched.procfs import _HAVE_PROC, SAME_START_S, _stat, in_groups, started_at
+from gpusched.procfs import _HAVE_PROC, SAME_START_S, _stat, in_groups, started_at, table
 
 log = logging.getLogger(__name__)
 
@@ -333,17 +333,13 @@ def descendants(pid: int) -> list[int]:
 
 def process_trees(roots: Iterable[int]) -> dict[int, frozenset[int]]:
     """``root -> {root and every process below it}`` for each live root, from ONE scan of the
-    process table (``descendants`` per root would scan it once per root). A root that is
-    gone is left out."""
-    import psutil
-
+    process table (:func:`~gpusched.procfs.table`; ``descendants`` per root would scan it once
+    per root). A root that is gone is left out."""
     children: dict[int, list[int]] = {}
     alive: set[int] = set()
-    for p in psutil.process_iter(["ppid"]):
-        alive.add(p.pid)
-        ppid = p.info.get("ppid")
-        if ppid is not None:
-            children.setdefault(ppid, []).append(p.pid)
+    for pid, ppid, *_ in table() if _HAVE_PROC else _table_psutil():
+        alive.add(pid)
+        children.setdefault(ppid, []).append(pid)
     out: dict[int, frozenset[int]] = {}
     for root in roots:
         if root not in alive:
@@ -356,3 +352,10 @@ def process_trees(roots: Iterable[int]) -> dict[int, frozenset[int]]:
                     stack.append(child)
         out[root] = frozenset(seen)
     return out
+
+
+def _table_psutil() -> list[tuple[int, int]]:  # pragma: no cover - no /proc
+    """(pid, parent's pid) of every process, through psutil, where there is no /proc."""
+    import psutil
+
+    return [(p.pid, ppid) for p in psutil.process_iter(["ppid"]) if (ppid := p.info.get("ppid")) is not None]

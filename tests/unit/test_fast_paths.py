@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -777,6 +780,43 @@ def test_the_host_memory_and_boot_time_read_from_proc_are_psutils() -> None:
     procfs._boot_time = None
     assert procfs._boot() == psutil.boot_time()
     assert proc.started_at(os.getpid()) == pytest.approx(psutil.Process().create_time(), abs=0.01)
+
+
+def test_the_process_table_read_from_proc_gives_the_trees_psutil_does(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Whose a GPU process is comes from the process table, which the daemon reads every
+    second while a GPU lists processes: read from /proc directly, it must give each job's tree
+    as psutil does, a job whose processes have names with spaces and parentheses (a process
+    may call itself anything) included, and the groups' members with their names."""
+    import psutil
+
+    from gpusched import proc, procfs
+
+    odd = tmp_path / "a) (b c"  # comm: what /proc/PID/stat puts in parentheses
+    odd.symlink_to(shutil.which("sleep") or "/bin/sleep")
+    script = f"'{odd}' 30 & (sleep 30 & sleep 30 & wait) & wait"
+    root = subprocess.Popen(["sh", "-c", script], start_new_session=True)
+    try:
+        want = {root.pid}
+        deadline = time.monotonic() + 10
+        while len(want) < 5 and time.monotonic() < deadline:  # sh, the odd one, a subshell, 2 sleeps
+            time.sleep(0.01)
+            want = {root.pid, *(c.pid for c in psutil.Process(root.pid).children(recursive=True))}
+        assert len(want) == 5
+        trees = proc.process_trees({root.pid, os.getpid(), 999_999_999})
+        assert trees[root.pid] == want
+        assert trees[os.getpid()] >= {os.getpid(), root.pid}  # the tree of this test's process
+        assert 999_999_999 not in trees  # a root that is gone is left out
+        members = procfs.in_groups({root.pid})[root.pid]
+        assert {pid for pid, _, _ in members} == want
+        assert ("a) (b c", "S") in {(name, state) for _, state, name in members}
+        # every process psutil lists (those alive throughout), with its parent and group
+        listed = {pid: (ppid, pgrp) for pid, ppid, pgrp, _, _ in procfs.table()}
+        for p in psutil.process_iter(["ppid"]):
+            if p.pid in want:
+                assert listed[p.pid] == (p.info["ppid"], os.getpgid(p.pid))
+    finally:
+        os.killpg(root.pid, signal.SIGKILL)
+        root.wait()
 
 
 def test_submit_checks_the_daemon_s_settings_importing_only_those_that_are_set(
