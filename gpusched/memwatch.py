@@ -33,11 +33,18 @@ log = logger(__name__)  # logging is imported on first use (status logs nothing)
 HOST_MIN_ENV = "GPUSCHED_HOST_MIN_FREE"  # e.g. "4GiB", "10%", "4GiB,10%", "0" (off)
 HOST_OOM_FLAG = "host_oom"  # store flag: [when, job id] of a host OOM not yet recovered from
 LEARNED_SOURCES = memory.LEARNED
+#: How long the process trees read at one look at the cards serve the next looks, while the same
+#: attempts run (each with a tree found) and the cards list no pid they did not list then: only
+#: a reused pid could then change whose a listed process is. The daemon reads a process table of
+#: hundreds (every process of the machine) once a minute instead of every second.
+TREES_KEPT_S = 60.0
 #: What a card may hold that is nobody's job (driver, display server), left out of the default
 #: prediction so that a 1-slot plan's default still fits a card with an X server on it.
 CARD_ALLOWANCE_MIB = 1024
 
-TreesFn = Callable[[Sequence[AttemptRow]], Mapping[int, frozenset[int]]]
+#: attempt id -> its wrapper's pid and every process below it (:func:`attempt_trees`)
+Trees = Mapping[int, frozenset[int]]
+TreesFn = Callable[[Sequence[AttemptRow]], Trees]
 HostFn = Callable[[], memory.HostMemory]
 
 
@@ -673,6 +680,8 @@ class MemoryWatch:
         self.memory_bound_since: dict[str, float] = {}  # job id -> since when memory keeps it waiting
         self.overtaken_since: dict[str, float] = {}  # job id -> since when later jobs get placed past it
         self._warned: set[int] = set()
+        # the last trees read for a look at the cards: the attempts, the pids the cards listed, when
+        self._trees_read: tuple[frozenset[int], frozenset[int], float, Trees] | None = None
         self._step_up: float | None = None  # learned: how much jobs grow after settling (ratio)
         self._step_up_read = False
         self._releasing_read = False
@@ -684,7 +693,7 @@ class MemoryWatch:
         self._expire(gpus, now)
         trees: list[memory.Tree] = []
         if any(g.processes for g in gpus):
-            pids = self.trees(live)
+            pids = self._trees(live, gpus, now)
             trees = [
                 memory.Tree(
                     attempt_id=a.id,
@@ -706,6 +715,25 @@ class MemoryWatch:
         for gone in set(self.seen) - live_ids:
             del self.seen[gone]
         return att
+
+    def _trees(self, live: Sequence[AttemptRow], gpus: Sequence[GpuState], now: float) -> Trees:
+        """:attr:`trees` of ``live``, read again only where it could say something new about the
+        cards' processes (:data:`TREES_KEPT_S`): another attempt runs, one had no tree (its pid
+        not known yet), a card lists a pid it did not list then, or that read is a minute old."""
+        ids = frozenset(a.id for a in live)
+        listed = frozenset(p.pid for g in gpus for p in g.processes)
+        kept = self._trees_read
+        if (
+            kept is not None
+            and kept[0] == ids
+            and listed <= kept[1]
+            and now - kept[2] < TREES_KEPT_S
+            and ids <= kept[3].keys()
+        ):
+            return kept[3]
+        pids = self.trees(live)
+        self._trees_read = (ids, listed, now, pids)
+        return pids
 
     def _last(self, attempt_id: int) -> frozenset[int]:
         """The attempt's processes on its card at the last look. One that exited since, before

@@ -558,6 +558,49 @@ def test_a_jobs_exited_process_is_ours_before_its_attempt_is_reaped(tmp_path: Pa
     assert att.usage[box.attempt("E1/0-qnli").id].used_mib == 12 * GIB
 
 
+def test_the_daemon_reads_the_process_table_again_only_when_its_answer_could_differ(tmp_path: Path) -> None:
+    """Whose a card's processes are comes from the process table, every process of the machine
+    (hundreds on a GPU box), which the daemon read at every look, every second. It now reads it
+    again only when another attempt runs, a card lists a pid it did not list at the last read,
+    or that read is a minute old; meanwhile the cards' numbers still count at every look."""
+    box = Box(tmp_path, GpuPlan(gpus=(0, 1), slots=(1, 1)))
+    reads: list[float] = []
+    watch = box.sched.memory
+    watch.trees = lambda attempts: reads.append(box.now) or box._trees(attempts)
+    box.submit(make_suite(tmp_path, 2))
+    box.tick()  # both start; the cards list nothing yet, so nothing is read
+    assert reads == [] and len(box.store.live_attempts()) == 2
+    a = box.run_on("E1/0-qnli", 0, {101: 8})
+    box.tick()
+    box.tick()  # the other job has no tree yet (its wrapper's pid not known): read at each look
+    assert len(reads) == 2
+    box.run_on("E1/1-qnli", 1, {201: 6})
+    box.tick()
+    box.tick()
+    assert len(reads) == 3
+    box.procs[0] = [GpuProcess(pid=101, used_mib=10 * GIB)]  # it grows: the same pids, new numbers
+    box.tick()
+    assert len(reads) == 3 and box.attempt("E1/0-qnli").peak_mib == 10 * GIB
+    box.procs[0] = []  # a pid that is no longer listed says nothing new either
+    box.tick()
+    assert len(reads) == 3
+    box.trees[a] = frozenset({99, 101, 102})  # a helper the trainer started opens the card
+    box.procs[0] = [GpuProcess(pid=101, used_mib=10 * GIB), GpuProcess(pid=102, used_mib=1 * GIB)]
+    box.tick()
+    assert len(reads) == 4 and box.attempt("E1/0-qnli").peak_mib == 11 * GIB  # 102 counted as the job's
+    box.procs[1].append(GpuProcess(pid=4242, used_mib=3 * GIB))  # someone else's, new
+    box.tick()
+    att = watch.measure(box.store.live_attempts(), box.probe.snapshot(), box.now)
+    assert len(reads) == 5 and att.outside_mib == {1: 3 * GIB}
+    box.tick(memwatch.TREES_KEPT_S - 2)
+    assert len(reads) == 5
+    box.tick(2)  # a minute after the last read: a pid may have been reused meanwhile
+    assert len(reads) == 6
+    box.ex.finish(a, exit_code=0)
+    box.tick()  # another set of attempts runs
+    assert len(reads) == 7
+
+
 def test_status_does_not_take_a_live_process_for_ours_by_a_reused_pid(tmp_path: Path) -> None:
     # a running job's process the daemon saw on its card exits; hours later someone else's
     # process gets the same pid and opens the same card. It carries no token: it is not ours.
