@@ -54,7 +54,7 @@ HostFn = Callable[[], memory.HostMemory]
 def attempt_trees(attempts: Sequence[AttemptRow]) -> dict[int, frozenset[int]]:
     """attempt id -> its wrapper's pid and every process below it (attempts whose wrapper
     pid is unknown, e.g. on Slurm, or gone are left out). Never raises."""
-    from gpusched import proc
+    from gpusched import procfs
     from gpusched.attempt import AttemptPaths
 
     roots: dict[int, int] = {}
@@ -68,7 +68,7 @@ def attempt_trees(attempts: Sequence[AttemptRow]) -> dict[int, frozenset[int]]:
     if not roots:
         return {}
     try:
-        trees = proc.process_trees(set(roots.values()))
+        trees = procfs.process_trees(set(roots.values()))
     except Exception:  # a process table we cannot read: attribute nothing this tick
         log.exception("could not read the process table")
         return {}

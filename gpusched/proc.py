@@ -18,11 +18,11 @@ import os
 import shlex
 import signal
 import subprocess
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
 from gpusched.errors import CommandFailed
-from gpusched.procfs import _HAVE_PROC, SAME_START_S, _stat, in_groups, started_at, table
+from gpusched.procfs import _HAVE_PROC, SAME_START_S, _environ, _stat, in_groups, started_at
 
 log = logging.getLogger(__name__)
 
@@ -300,26 +300,6 @@ def carrying(key: str, value: str) -> list[int]:
     return found
 
 
-def environ_value(pid: int, key: str) -> str | None:
-    """``key``'s value in the environment process ``pid`` was started with; None when it is
-    not set there or cannot be read (the process is gone or another user's, or no /proc)."""
-    env = _environ(pid) if _HAVE_PROC else None
-    prefix = f"{key}=".encode()
-    for item in (env or b"").split(b"\0"):
-        if item.startswith(prefix):
-            return item[len(prefix) :].decode(errors="replace")
-    return None
-
-
-def _environ(pid: int) -> bytes | None:
-    """/proc/PID/environ (NUL-separated ``KEY=value``), None when gone or another user's."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
 def descendants(pid: int) -> list[int]:
     """``pid`` itself followed by every live process below it ([] when ``pid`` is gone);
     for matching GPU processes to the job that owns them."""
@@ -329,33 +309,3 @@ def descendants(pid: int) -> list[int]:
         return [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
     except psutil.Error:
         return []
-
-
-def process_trees(roots: Iterable[int]) -> dict[int, frozenset[int]]:
-    """``root -> {root and every process below it}`` for each live root, from ONE scan of the
-    process table (:func:`~gpusched.procfs.table`; ``descendants`` per root would scan it once
-    per root). A root that is gone is left out."""
-    children: dict[int, list[int]] = {}
-    alive: set[int] = set()
-    for pid, ppid, *_ in table() if _HAVE_PROC else _table_psutil():
-        alive.add(pid)
-        children.setdefault(ppid, []).append(pid)
-    out: dict[int, frozenset[int]] = {}
-    for root in roots:
-        if root not in alive:
-            continue
-        seen, stack = {root}, [root]
-        while stack:
-            for child in children.get(stack.pop(), ()):
-                if child not in seen:
-                    seen.add(child)
-                    stack.append(child)
-        out[root] = frozenset(seen)
-    return out
-
-
-def _table_psutil() -> list[tuple[int, int]]:  # pragma: no cover - no /proc
-    """(pid, parent's pid) of every process, through psutil, where there is no /proc."""
-    import psutil
-
-    return [(p.pid, ppid) for p in psutil.process_iter(["ppid"]) if (ppid := p.info.get("ppid")) is not None]

@@ -6,13 +6,17 @@ processes (which re-exports these)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 #: Two start times closer than this name the same process. ``/proc`` gives a start in clock
 #: ticks after boot, and the kernel's boot time is whole seconds (up to 1 s off); a wrapper's
 #: own clock reading comes a little after its fork, later still under load. A PID reused
 #: within 3 s of the recorded start is far rarer than either error.
 SAME_START_S = 3.0
+
+#: Every attempt's processes carry its launch token under this name (all backends): how a
+#: process that left its attempt's group or tree is still known as its.
+TOKEN_ENV = "GPUSCHED_TOKEN"
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _HAVE_PROC = os.path.isdir("/proc/self")
@@ -104,6 +108,26 @@ def table() -> list[Entry]:
     return out
 
 
+def environ_value(pid: int, key: str) -> str | None:
+    """``key``'s value in the environment process ``pid`` was started with; None when it is
+    not set there or cannot be read (the process is gone or another user's, or no /proc)."""
+    env = _environ(pid) if _HAVE_PROC else None
+    prefix = f"{key}=".encode()
+    for item in (env or b"").split(b"\0"):
+        if item.startswith(prefix):
+            return item[len(prefix) :].decode(errors="replace")
+    return None
+
+
+def _environ(pid: int) -> bytes | None:
+    """/proc/PID/environ (NUL-separated ``KEY=value``), None when gone or another user's."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
 def in_groups(groups: Collection[int]) -> dict[int, list[tuple[int, str, str]]]:
     """``pgid -> [(pid, state letter, name), ...]``: every process (zombies too) of each of the
     process groups ``groups``, from ONE scan (:func:`table`). Groups with no process are left
@@ -138,3 +162,33 @@ def stopped_in_groups(groups: Mapping[int, float | None]) -> dict[int, list[tupl
             or abs(now - started) <= SAME_START_S
         )
     }
+
+
+def process_trees(roots: Iterable[int]) -> dict[int, frozenset[int]]:
+    """``root -> {root and every process below it}`` for each live root, from ONE scan of the
+    process table (:func:`table`; :func:`gpusched.proc.descendants` per root would scan it
+    once per root). A root that is gone is left out."""
+    children: dict[int, list[int]] = {}
+    alive: set[int] = set()
+    for pid, ppid, *_ in table() if _HAVE_PROC else _table_psutil():
+        alive.add(pid)
+        children.setdefault(ppid, []).append(pid)
+    out: dict[int, frozenset[int]] = {}
+    for root in roots:
+        if root not in alive:
+            continue
+        seen, stack = {root}, [root]
+        while stack:
+            for child in children.get(stack.pop(), ()):
+                if child not in seen:
+                    seen.add(child)
+                    stack.append(child)
+        out[root] = frozenset(seen)
+    return out
+
+
+def _table_psutil() -> list[tuple[int, int]]:  # pragma: no cover - no /proc
+    """(pid, parent's pid) of every process, through psutil, where there is no /proc."""
+    import psutil
+
+    return [(p.pid, ppid) for p in psutil.process_iter(["ppid"]) if (ppid := p.info.get("ppid")) is not None]

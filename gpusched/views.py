@@ -316,16 +316,15 @@ def _strays(store: Store, pids: set[int], now: float) -> list[tuple[AttemptRow, 
     processes the daemon saw on an attempt's card, for attempts still running or ended in the
     last :data:`memory.RELEASE_S`. A live process without a token is someone else's, even where
     its pid was once one of ours: pids are reused, and a job runs for hours."""
-    from gpusched import proc
-    from gpusched.executors import TOKEN_ENV
+    from gpusched import procfs
 
     by_token: dict[str, set[int]] = {}
     for pid in pids:
-        token = proc.environ_value(pid, TOKEN_ENV)
+        token = procfs.environ_value(pid, procfs.TOKEN_ENV)
         if token:
             by_token.setdefault(token, set()).add(pid)
     found = [(a, frozenset(by_token[a.token])) for a in store.attempts_by_token(by_token)] if by_token else []
-    if gone := {pid for pid in pids.difference(*by_token.values()) if proc.started_at(pid) is None}:
+    if gone := {pid for pid in pids.difference(*by_token.values()) if procfs.started_at(pid) is None}:
         found += store.exited_gpu_pids(gone, since=now - memory.RELEASE_S)
     return found
 

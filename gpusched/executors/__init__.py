@@ -15,6 +15,7 @@ from typing import Any, Protocol, TypeVar
 from msgspec import Struct, field
 
 from gpusched import proc
+from gpusched.procfs import TOKEN_ENV
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +83,8 @@ class Executor(Protocol):
 # The tmux and subprocess backends both run the wrapper as the leader of a new process group,
 # with GPUSCHED_TOKEN in its environment, and keep the token in the handle.
 
-#: Every attempt's processes carry its launch token under this name (all backends).
-TOKEN_ENV = "GPUSCHED_TOKEN"
+# Every attempt's processes carry its launch token under TOKEN_ENV (all backends), defined
+# where /proc is read (status finds a job's processes by it without importing the executors).
 
 
 def strays(handle: Handle) -> list[int]:

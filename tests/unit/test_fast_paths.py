@@ -789,7 +789,7 @@ def test_the_process_table_read_from_proc_gives_the_trees_psutil_does(tmp_path) 
     may call itself anything) included, and the groups' members with their names."""
     import psutil
 
-    from gpusched import proc, procfs
+    from gpusched import procfs
 
     odd = tmp_path / "a) (b c"  # comm: what /proc/PID/stat puts in parentheses
     odd.symlink_to(shutil.which("sleep") or "/bin/sleep")
@@ -802,7 +802,7 @@ def test_the_process_table_read_from_proc_gives_the_trees_psutil_does(tmp_path) 
             time.sleep(0.01)
             want = {root.pid, *(c.pid for c in psutil.Process(root.pid).children(recursive=True))}
         assert len(want) == 5
-        trees = proc.process_trees({root.pid, os.getpid(), 999_999_999})
+        trees = procfs.process_trees({root.pid, os.getpid(), 999_999_999})
         assert trees[root.pid] == want
         assert trees[os.getpid()] >= {os.getpid(), root.pid}  # the tree of this test's process
         assert 999_999_999 not in trees  # a root that is gone is left out

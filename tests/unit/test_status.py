@@ -596,12 +596,14 @@ def test_a_state_home_that_cannot_be_made_is_one_line(
     )
 
 
-@pytest.mark.parametrize("probe", ["fake", "nvml"])
+@pytest.mark.parametrize("probe", ["fake", "fake, listing processes", "nvml"])
 def test_status_loads_no_heavy_module(tmp_path: Path, probe: str) -> None:
     """Plain and --json status: no rich, yaml, psutil, tmux, asyncio or torch imported; NVML
     only on the real probe's path (what a user runs), and tenacity not even there: NVML's
     retries import it only once a read has failed. Nor typing_extensions (with ``inspect``),
-    which msgspec takes when it is installed, as it is here."""
+    which msgspec takes when it is installed, as it is here. Where the cards list processes,
+    as a real GPU's do, telling ours from someone else's reads the process table from /proc,
+    without psutil or the module that runs commands (its logging)."""
     box = busy_box(tmp_path)
     box.store.close()  # the last connection: the WAL is folded into the file
     (tmp_path / "home").mkdir()
@@ -618,14 +620,20 @@ def test_status_loads_no_heavy_module(tmp_path: Path, probe: str) -> None:
     )
     env = {k: v for k, v in os.environ.items() if k not in ("GPUSCHED_FAKE_GPUS", "NO_COLOR")}
     env.update(GPUSCHED_HOME=str(tmp_path / "home"), COLUMNS="120")
-    if probe == "fake":
+    if probe.startswith("fake"):
         env["GPUSCHED_FAKE_GPUS"] = "2x24GiB"
+    if probe == "fake, listing processes":
+        listed = {"0": {"used_mib": 1024, "processes": [{"pid": os.getpid(), "used_mib": 1024}]}}
+        (tmp_path / "cards.json").write_text(json.dumps(listed))
+        env["GPUSCHED_FAKE_GPU_STATE"] = str(tmp_path / "cards.json")
     r = subprocess.run(
         [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 0, r.stderr
     assert "Jobs (18)" in r.stdout and '"jobs": [' in r.stdout
-    assert r.stdout.splitlines()[-1] == ("LOADED []" if probe == "fake" else "LOADED ['pynvml']")
+    assert r.stdout.splitlines()[-1] == ("LOADED ['pynvml']" if probe == "nvml" else "LOADED []")
+    if probe == "fake, listing processes":
+        assert "outside processes" in r.stdout and f"{os.getpid()}" in r.stdout
 
 
 def test_status_shows_the_snapshot_the_daemon_published_while_it_is_fresh(
