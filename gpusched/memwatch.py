@@ -33,10 +33,11 @@ log = logger(__name__)  # logging is imported on first use (status logs nothing)
 HOST_MIN_ENV = "GPUSCHED_HOST_MIN_FREE"  # e.g. "4GiB", "10%", "4GiB,10%", "0" (off)
 HOST_OOM_FLAG = "host_oom"  # store flag: [when, job id] of a host OOM not yet recovered from
 LEARNED_SOURCES = memory.LEARNED
-#: How long the process trees read at one look at the cards serve the next looks, while the same
-#: attempts run (each with a tree found) and the cards list no pid they did not list then: only
-#: a reused pid could then change whose a listed process is. The daemon reads a process table of
-#: hundreds (every process of the machine) once a minute instead of every second.
+#: How long the process trees read at one look at the cards serve the next looks, while the cards
+#: list no pid they did not list then and every attempt running then had a tree: only a reused pid
+#: could then change whose a listed process is (an attempt that started since owns none of them:
+#: its processes came after). The daemon reads a process table of hundreds (every process of the
+#: machine) once a minute instead of every second, and a refill's tick reads none.
 TREES_KEPT_S = 60.0
 #: What a card may hold that is nobody's job (driver, display server), left out of the default
 #: prediction so that a 1-slot plan's default still fits a card with an X server on it.
@@ -718,19 +719,15 @@ class MemoryWatch:
 
     def _trees(self, live: Sequence[AttemptRow], gpus: Sequence[GpuState], now: float) -> Trees:
         """:attr:`trees` of ``live``, read again only where it could say something new about the
-        cards' processes (:data:`TREES_KEPT_S`): another attempt runs, one had no tree (its pid
-        not known yet), a card lists a pid it did not list then, or that read is a minute old."""
+        cards' processes (:data:`TREES_KEPT_S`): a card lists a pid it did not list then, an
+        attempt running then had no tree (its wrapper's pid not known yet), or that read is a
+        minute old. An attempt that ended or started since is no reason."""
         ids = frozenset(a.id for a in live)
         listed = frozenset(p.pid for g in gpus for p in g.processes)
-        kept = self._trees_read
-        if (
-            kept is not None
-            and kept[0] == ids
-            and listed <= kept[1]
-            and now - kept[2] < TREES_KEPT_S
-            and ids <= kept[3].keys()
-        ):
-            return kept[3]
+        if (kept := self._trees_read) is not None:
+            ids_then, listed_then, read_at, pids = kept
+            if listed <= listed_then and now - read_at < TREES_KEPT_S and (ids & ids_then) <= pids.keys():
+                return pids
         pids = self.trees(live)
         self._trees_read = (ids, listed, now, pids)
         return pids

@@ -560,15 +560,17 @@ def test_a_jobs_exited_process_is_ours_before_its_attempt_is_reaped(tmp_path: Pa
 
 def test_the_daemon_reads_the_process_table_again_only_when_its_answer_could_differ(tmp_path: Path) -> None:
     """Whose a card's processes are comes from the process table, every process of the machine
-    (hundreds on a GPU box), which the daemon read at every look, every second. It now reads it
-    again only when another attempt runs, a card lists a pid it did not list at the last read,
-    or that read is a minute old; meanwhile the cards' numbers still count at every look."""
+    (hundreds on a GPU box), which the daemon read at every look, every second, and in every
+    refill's tick before placing. It now reads it again only when a card lists a pid it did not
+    list at the last read, an attempt running then had no tree, or that read is a minute old;
+    meanwhile the cards' numbers still count at every look, and a job that ends or starts is
+    no reason (what the cards list came before it)."""
     box = Box(tmp_path, GpuPlan(gpus=(0, 1), slots=(1, 1)))
     reads: list[float] = []
     watch = box.sched.memory
     watch.trees = lambda attempts: reads.append(box.now) or box._trees(attempts)
-    box.submit(make_suite(tmp_path, 2))
-    box.tick()  # both start; the cards list nothing yet, so nothing is read
+    box.submit(make_suite(tmp_path, 3))
+    box.tick()  # two start; the cards list nothing yet, so nothing is read
     assert reads == [] and len(box.store.live_attempts()) == 2
     a = box.run_on("E1/0-qnli", 0, {101: 8})
     box.tick()
@@ -581,11 +583,8 @@ def test_the_daemon_reads_the_process_table_again_only_when_its_answer_could_dif
     box.procs[0] = [GpuProcess(pid=101, used_mib=10 * GIB)]  # it grows: the same pids, new numbers
     box.tick()
     assert len(reads) == 3 and box.attempt("E1/0-qnli").peak_mib == 10 * GIB
-    box.procs[0] = []  # a pid that is no longer listed says nothing new either
-    box.tick()
-    assert len(reads) == 3
     box.trees[a] = frozenset({99, 101, 102})  # a helper the trainer started opens the card
-    box.procs[0] = [GpuProcess(pid=101, used_mib=10 * GIB), GpuProcess(pid=102, used_mib=1 * GIB)]
+    box.procs[0].append(GpuProcess(pid=102, used_mib=1 * GIB))
     box.tick()
     assert len(reads) == 4 and box.attempt("E1/0-qnli").peak_mib == 11 * GIB  # 102 counted as the job's
     box.procs[1].append(GpuProcess(pid=4242, used_mib=3 * GIB))  # someone else's, new
@@ -597,8 +596,12 @@ def test_the_daemon_reads_the_process_table_again_only_when_its_answer_could_dif
     box.tick(2)  # a minute after the last read: a pid may have been reused meanwhile
     assert len(reads) == 6
     box.ex.finish(a, exit_code=0)
-    box.tick()  # another set of attempts runs
-    assert len(reads) == 7
+    box.procs[0] = []  # its memory released
+    box.tick()  # the refill: the ended job reaped, the third placed on its card, nothing read
+    assert len(reads) == 6 and box.attempt("E1/2-qnli").gpu == 0
+    box.run_on("E1/2-qnli", 0, {301: 5})
+    box.tick()  # the new job's process on the card: read, and counted as its
+    assert len(reads) == 7 and box.attempt("E1/2-qnli").peak_mib == 5 * GIB
 
 
 def test_status_does_not_take_a_live_process_for_ours_by_a_reused_pid(tmp_path: Path) -> None:
