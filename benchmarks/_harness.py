@@ -8,6 +8,7 @@ afterwards; nothing touches the user's own queue.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import json
@@ -192,6 +193,40 @@ def sandbox(keep: bool = False) -> Iterator[Sandbox]:
         sb.stop()
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def listing_cards(sb: Sandbox, env: dict[str, str], others: int, card: int) -> Iterator[None]:
+    """Fake GPUs whose card ``card`` lists a process (pid 1, someone else's), as a real GPU's
+    driver lists processes (fake GPUs list none, so without this the daemon never reads the
+    process table to tell whose they are), and ``others`` more processes (sleeping, as most of
+    a GPU box's hundreds are) on the machine while the block runs; ``env`` gains the setting."""
+    state = sb.root / "gpu_state.json"
+    state.write_text(json.dumps({str(card): {"used_mib": 500, "processes": [{"pid": 1, "used_mib": 500}]}}))
+    env["GPUSCHED_FAKE_GPU_STATE"] = str(state)
+    with contextlib.ExitStack() as stack:
+        for _ in range(others):
+            sleeper = subprocess.Popen(["sleep", "3600"])
+            stack.callback(sleeper.wait)
+            stack.callback(sleeper.kill)
+        yield
+
+
+def gpu_processes_option(ap: argparse.ArgumentParser) -> None:
+    """``--gpu-processes N``: run with :func:`listing_cards`."""
+    ap.add_argument(
+        "--gpu-processes",
+        type=int,
+        metavar="N",
+        help="the GPUs list a process (as a real GPU's do), and N other processes run on the machine",
+    )
+
+
+def listing_words(gpu_processes: int | None) -> str:
+    """What a table's heading says of ``--gpu-processes``."""
+    if gpu_processes is None:
+        return ""
+    return f", the GPUs listing a process, {gpu_processes} other processes on the machine"
 
 
 def pythonpath(tree: Path) -> str:

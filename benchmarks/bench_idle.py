@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import daemon_pid, machine, sandbox, table
+from _harness import daemon_pid, gpu_processes_option, listing_cards, listing_words, machine, sandbox, table
 
 
 def measure(
@@ -29,24 +29,14 @@ def measure(
 ) -> tuple[float, float, float]:
     """(cpu % of one core, CPU ms per second, RSS MiB) of the daemon over ``seconds``;
     ``gpu_processes``: GPUs that list a process, beside that many other processes."""
-    import json
-    import subprocess
-
     import psutil
 
-    with sandbox() as sb, contextlib.ExitStack() as others:
+    with sandbox() as sb, contextlib.ExitStack() as stack:
         n = running + queued
         sb.write_plan("idle", n, command=": {config}; sleep 3600")
         env = sb.env(GPUSCHED_FAKE_GPUS="16x24GiB")
         if gpu_processes is not None:
-            state = sb.root / "gpu_state.json"  # pid 1 on GPU 15: what its driver shows, not ours
-            listed = {"15": {"used_mib": 500, "processes": [{"pid": 1, "used_mib": 500}]}}
-            state.write_text(json.dumps(listed))
-            env["GPUSCHED_FAKE_GPU_STATE"] = str(state)
-            for _ in range(gpu_processes):
-                sleeper = subprocess.Popen(["sleep", "3600"])
-                others.callback(sleeper.wait)
-                others.callback(sleeper.kill)
+            stack.enter_context(listing_cards(sb, env, gpu_processes, card=15))
         plan = ",".join("1" * running) + ",0" * (16 - running) if running < 16 else ",".join("1" * 16)
         sb.cli("submit", "--suite", "idle", "--gpu-plan", plan, "--backend", backend, env=env)
         deadline = time.monotonic() + 60
@@ -71,22 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=14, help="running jobs (at most 16)")
     ap.add_argument("--queued", type=int, default=0, help="jobs waiting behind them")
     ap.add_argument("--backend", default="subprocess")
-    ap.add_argument(
-        "--gpu-processes",
-        type=int,
-        metavar="N",
-        help="the GPUs list a process (as a real GPU's do), and N other processes run on the machine",
-    )
+    gpu_processes_option(ap)
     args = ap.parse_args(argv)
     rows = []
     for queued in sorted({0, args.queued}):
         pct, ms, rss = measure(args.seconds, min(args.jobs, 16), queued, args.backend, args.gpu_processes)
         rows.append([f"{args.jobs} running, {queued} queued", f"{pct:.2f} %", f"{ms:.1f}", f"{rss:.0f}"])
-    listed = (
-        f", the GPUs listing a process, {args.gpu_processes} other processes on the machine"
-        if args.gpu_processes is not None
-        else ""
-    )
+    listed = listing_words(args.gpu_processes)
     print(
         f"Idle daemon over {args.seconds:.0f} s, GPU probe sampled at 1 Hz, backend {args.backend}{listed} "
         f"({machine()})\n"

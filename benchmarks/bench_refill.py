@@ -2,7 +2,7 @@
 jobs themselves see it (each records the clock as its first and last act), p50 / p99 / max.
 
     python benchmarks/bench_refill.py [--jobs 500] [--slots 16] [--sleep 0.5-1.4]
-                                      [--backend subprocess,tmux,tmux-job,tmux-reuse]
+                                      [--backend subprocess,tmux,tmux-job,tmux-reuse] [--gpu-processes N]
 
 Each backend gets its own private home and daemon: ``--slots`` fake GPUs with one slot each,
 jobs that sleep 0.5-1.4 s (ten durations, so that ends do not all coincide; about 17 ends a
@@ -11,11 +11,14 @@ is what the event-driven design is about: the wrapper writes exit.json and pokes
 FIFO, the daemon wakes, reaps, places and launches, the next wrapper starts its job; no
 polling interval is involved, and every step of it is inside the gap. ``tmux`` runs its panes
 as by default (``auto``); ``tmux-job`` and ``tmux-reuse`` with GPUSCHED_TMUX_PANES=job or reuse.
+``--gpu-processes N``: the fake GPUs list a process, as a real GPU's list the jobs' own, and N
+other processes sit in the process table the daemon reads to tell whose they are.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import shutil
 import sys
@@ -23,7 +26,16 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import Sandbox, machine, percentile, sandbox, table
+from _harness import (
+    Sandbox,
+    gpu_processes_option,
+    listing_cards,
+    listing_words,
+    machine,
+    percentile,
+    sandbox,
+    table,
+)
 
 
 def sleeps(spec: str) -> list[float]:
@@ -53,10 +65,12 @@ def gaps(sb: Sandbox) -> list[float]:
     return out
 
 
-def run(backend: str, n: int, slots: int, durations: list[float]) -> list[float]:
-    with sandbox() as sb:
+def run(backend: str, n: int, slots: int, durations: list[float], gpu_processes: int | None) -> list[float]:
+    with sandbox() as sb, contextlib.ExitStack() as stack:
         sb.write_plan("refill", n, command=COMMAND, sleeps=durations)
         env = sb.env(GPUSCHED_FAKE_GPUS=f"{slots}x24GiB")
+        if gpu_processes is not None:
+            stack.enter_context(listing_cards(sb, env, gpu_processes, card=0))
         how, _, panes = backend.partition("-")  # tmux-job: tmux, GPUSCHED_TMUX_PANES=job
         if panes:
             env["GPUSCHED_TMUX_PANES"] = panes
@@ -75,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slots", type=int, default=16)
     ap.add_argument("--sleep", default="0.5-1.4", help="job durations, MIN-MAX seconds")
     ap.add_argument("--backend", default="subprocess,tmux")
+    gpu_processes_option(ap)
     args = ap.parse_args(argv)
     durations = sleeps(args.sleep)
     n = args.jobs - args.jobs % len(durations)
@@ -83,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         if backend.startswith("tmux") and not shutil.which("tmux"):
             rows.append([backend, "tmux not installed", "", "", "", ""])
             continue
-        g = [x * 1000 for x in run(backend, n, args.slots, durations)]
+        g = [x * 1000 for x in run(backend, n, args.slots, durations, args.gpu_processes)]
         rows.append(
             [
                 backend,
@@ -94,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{max(g):.1f}",
             ]
         )
-    print(f"Slot refill: {n} jobs of {args.sleep} s over {args.slots} slots ({machine()})\n")
+    listed = listing_words(args.gpu_processes)
+    print(f"Slot refill: {n} jobs of {args.sleep} s over {args.slots} slots{listed} ({machine()})\n")
     print(table(["backend", "refills", "p50 ms", "p90 ms", "p99 ms", "max ms"], rows))
     print("\naim: p50 <= 20 ms, p99 <= 100 ms")
     return 0
