@@ -1,7 +1,9 @@
-"""What /proc says of a process: its state, its start (which, with its pid, names it across
-PID reuse) and its group's stopped members. Reads only: no subprocess, no logging, so that
-``status`` can ask without importing what :mod:`gpusched.proc` needs to run and signal
-processes (which re-exports these)."""
+"""What /proc says of processes: a process's state, its start (which, with its pid, names it
+across PID reuse) and its environment; the whole process table in one pass, from which a
+group's stopped members and the trees below our wrappers (whose a GPU's processes are) come.
+Reads only: no subprocess, no logging, no psutil where there is a /proc, so that ``status``
+and the daemon's look at the cards ask without importing what :mod:`gpusched.proc` needs to
+run and signal processes (which imports what it needs from here)."""
 
 from __future__ import annotations
 
@@ -90,7 +92,7 @@ def table() -> list[Entry]:
     Python object but a tuple per process. psutil's ``process_iter`` built a Process per pid and
     read each one's files through it: 3-4x the CPU, which the daemon paid every second on a GPU
     whose driver lists processes (the jobs' own), in proportion to every process on the machine.
-    [] where there is no /proc (the callers fall back to psutil)."""
+    [] where there is no /proc (:func:`process_trees` then asks psutil)."""
     if not _HAVE_PROC:
         return []
     out: list[Entry] = []
