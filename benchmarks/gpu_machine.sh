@@ -19,8 +19,8 @@
 #   bash benchmarks/gpu_machine.sh OUT_DIR [STEPS]    # STEPS: the OOM ladder's steps a job (4)
 #
 # Writes each part's output to OUT_DIR (in_turn.txt, gpu_checks.txt, dispatch.txt, runner.txt,
-# first_launch.txt, refill.txt, status.txt, status_suites.txt) as it goes, so what ran before a time limit is kept.
-# About 8-9 minutes on 16 cores and an H200 (a command of the lent machine may run 10): where less
+# first_launch.txt, refill.txt, status.txt, status_suites.txt, refill_listing.txt) as it goes, so what ran before a time limit is kept.
+# About 9 minutes on 16 cores and an H200 (a command of the lent machine may run 10): where less
 # time is left, run gpu_checks.sh on its own first.
 set -u
 out=${1:?usage: gpu_machine.sh OUT_DIR [STEPS]}
@@ -71,3 +71,7 @@ part refill 120 python3 benchmarks/bench_refill.py --jobs 300 --backend subproce
 part status 60 bash -c 'python3 benchmarks/bench_status.py --runs 3 $([ -d .parts/gpusched ] && echo --before .parts)'
 # the same 10,000 jobs in 246 suites, as months of nights leave a store (benchmarks/README.md, "Stop 53")
 part status_suites 60 python3 benchmarks/bench_status.py --runs 3 --jobs 200 --older 40 --past-suites 245
+# last, as the part a time limit may cut: the refill beside cards that list a process, as a real
+# GPU's do, and 600 other processes (benchmarks/README.md, "Stop 58": fake cards list none, so no
+# refill measured before it read the process table the daemon reads on a real GPU)
+part refill_listing 60 python3 benchmarks/bench_refill.py --jobs 300 --backend subprocess,tmux --gpu-processes 600
