@@ -23,7 +23,7 @@ from pathlib import Path
 from msgspec import Struct
 from msgspec.structs import replace
 
-from gpusched import memory, placement, predict
+from gpusched import memory, placement, predict, procfs
 from gpusched.logs import logger
 from gpusched.model import GpuProcess, GpuState, Outcome, Tier
 from gpusched.store import AttemptRow, JobRow, Store, SuiteRow, in_chunks
@@ -52,10 +52,12 @@ HostFn = Callable[[], memory.HostMemory]
 # --------------------------------------------------------------------------- real reads
 
 
-def attempt_trees(attempts: Sequence[AttemptRow]) -> dict[int, frozenset[int]]:
+def attempt_trees(
+    attempts: Sequence[AttemptRow], read_table: Callable[[], list[procfs.Entry]] | None = None
+) -> dict[int, frozenset[int]]:
     """attempt id -> its wrapper's pid and every process below it (attempts whose wrapper
-    pid is unknown, e.g. on Slurm, or gone are left out). Never raises."""
-    from gpusched import procfs
+    pid is unknown, e.g. on Slurm, or gone are left out), from ``read_table`` (default: a
+    scan of /proc of its own). Never raises."""
     from gpusched.attempt import AttemptPaths
 
     roots: dict[int, int] = {}
@@ -69,7 +71,7 @@ def attempt_trees(attempts: Sequence[AttemptRow]) -> dict[int, frozenset[int]]:
     if not roots:
         return {}
     try:
-        trees = procfs.process_trees(set(roots.values()))
+        trees = procfs.process_trees(set(roots.values()), read_table or procfs.table)
     except Exception:  # a process table we cannot read: attribute nothing this tick
         log.exception("could not read the process table")
         return {}

@@ -8,7 +8,7 @@ run and signal processes (which imports what it needs from here)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 #: Two start times closer than this name the same process. ``/proc`` gives a start in clock
 #: ticks after boot, and the kernel's boot time is whole seconds (up to 1 s off); a wrapper's
@@ -130,20 +130,24 @@ def _environ(pid: int) -> bytes | None:
         return None
 
 
-def in_groups(groups: Collection[int]) -> dict[int, list[tuple[int, str, str]]]:
+def in_groups(
+    groups: Collection[int], read_table: Callable[[], list[Entry]] = table
+) -> dict[int, list[tuple[int, str, str]]]:
     """``pgid -> [(pid, state letter, name), ...]``: every process (zombies too) of each of the
-    process groups ``groups``, from ONE scan (:func:`table`). Groups with no process are left
-    out; {} where there is no /proc."""
+    process groups ``groups``, from ONE scan (``read_table``: :func:`table`, or a read already
+    made). Groups with no process are left out; {} where there is no /proc."""
     if not groups:
         return {}
     found: dict[int, list[tuple[int, str, str]]] = {}
-    for pid, _, pgrp, state, name in table():
+    for pid, _, pgrp, state, name in read_table():
         if pgrp in groups:
             found.setdefault(pgrp, []).append((pid, state, name))
     return found
 
 
-def stopped_in_groups(groups: Mapping[int, float | None]) -> dict[int, list[tuple[int, str]]]:
+def stopped_in_groups(
+    groups: Mapping[int, float | None], read_table: Callable[[], list[Entry]] = table
+) -> dict[int, list[tuple[int, str]]]:
     """``leader -> [(pid, name), ...]``: the processes of each process group (its leader's pid
     -> the leader's recorded start, None: unchecked) that are stopped (state ``T``: a SIGSTOP,
     a Ctrl-Z), from one scan (:func:`in_groups`). A group whose leader's pid now names another
@@ -152,7 +156,7 @@ def stopped_in_groups(groups: Mapping[int, float | None]) -> dict[int, list[tupl
     sense."""
     stopped = {
         leader: [(pid, name) for pid, state, name in members if state == "T"]
-        for leader, members in in_groups(groups).items()
+        for leader, members in in_groups(groups, read_table).items()
     }
     return {
         leader: members
@@ -166,13 +170,16 @@ def stopped_in_groups(groups: Mapping[int, float | None]) -> dict[int, list[tupl
     }
 
 
-def process_trees(roots: Iterable[int]) -> dict[int, frozenset[int]]:
+def process_trees(
+    roots: Iterable[int], read_table: Callable[[], list[Entry]] = table
+) -> dict[int, frozenset[int]]:
     """``root -> {root and every process below it}`` for each live root, from ONE scan of the
-    process table (:func:`table`; :func:`gpusched.proc.descendants` per root would scan it
-    once per root). A root that is gone is left out."""
+    process table (``read_table``: :func:`table`, or a read already made;
+    :func:`gpusched.proc.descendants` per root would scan it once per root). A root that is
+    gone is left out."""
     children: dict[int, list[int]] = {}
     alive: set[int] = set()
-    for pid, ppid, *_ in table() if _HAVE_PROC else _table_psutil():
+    for pid, ppid, *_ in read_table() if _HAVE_PROC else _table_psutil():
         alive.add(pid)
         children.setdefault(ppid, []).append(pid)
     out: dict[int, frozenset[int]] = {}

@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 from msgspec.structs import asdict, replace
 
-from gpusched import memory, memwatch, status_rows
+from gpusched import memory, memwatch, procfs, status_rows
 from gpusched.disk import LAUNCH_WAIT_FLAG
 from gpusched.model import GpuState
 from gpusched.placement import DEFAULT_HEADROOM_FRAC
@@ -164,7 +164,8 @@ def status(
     for plan in store.gpu_plans(active or suites).values():
         for g, n in zip(plan.gpus, plan.slots, strict=True):
             slots[g] = max(slots.get(g, 0), n)
-    att = attribution(gpus, live, trees, store=store, now=now)
+    read_table = functools.cache(procfs.table)  # the process table, read once if at all
+    att = attribution(gpus, live, trees, store=store, now=now, read_table=read_table)
     gdocs = []
     out = store.gpus_out()
     indices = sorted({g.index for g in gpus} | set(slots) | set(out))
@@ -207,7 +208,7 @@ def status(
         narrowed = {
             job_id: json.dumps({k: d[k] for k in keys})
             for (_, job_id, _), d in zip(
-                full, map(json.loads, _complete_running(full, running, now)), strict=True
+                full, map(json.loads, _complete_running(full, running, now, read_table)), strict=True
             )
         }
         entries = [
@@ -217,15 +218,19 @@ def status(
             for state, job_id, entry in rows
         ]
     else:
-        entries = _complete_running(rows, running, now)
+        entries = _complete_running(rows, running, now, read_table)
     return Status(head, entries)
 
 
 def _complete_running(
-    rows: list[tuple[str, str | None, str]], running: RunningHook | None, now: float
+    rows: list[tuple[str, str | None, str]],
+    running: RunningHook | None,
+    now: float,
+    read_table: Callable[[], list[procfs.Entry]],
 ) -> list[str]:
     """The entries (every key), those of running jobs (parsed, completed, written again)
-    given the last line of their log and how long ago it last grew, and what ``running`` adds."""
+    given the last line of their log and how long ago it last grew, what ``running`` adds,
+    and their stopped processes (from ``read_table``)."""
     entries = [entry for _, _, entry in rows]
     at = [i for i, (state, _, _) in enumerate(rows) if state == "running"]
     docs = [json.loads(entries[i]) for i in at]
@@ -233,7 +238,7 @@ def _complete_running(
         if d["log"] is not None:
             d["last_line"] = _last_line(os.path.dirname(d["log"]))
             d["quiet_s"] = _quiet_s(d["log"], now)
-    _add_suspended(docs)
+    _add_suspended(docs, read_table)
     if running is not None and docs:
         running(docs)
     for i, d in zip(at, docs, strict=True):
@@ -241,12 +246,11 @@ def _complete_running(
     return entries
 
 
-def _add_suspended(docs: list[dict[str, Any]]) -> None:
+def _add_suspended(docs: list[dict[str, Any]], read_table: Callable[[], list[procfs.Entry]]) -> None:
     """``suspended`` of the running jobs whose processes run on this machine: the stopped
     processes of each one's group (``[]`` when none is), from one scan of the process table.
     A job someone stopped (``kill -STOP``, a Ctrl-Z where the shell stops it) holds its slot
     and its GPU memory while it neither runs nor prints; only its silence would show it."""
-    from gpusched import procfs
     from gpusched.home import this_host
 
     here = this_host()
@@ -257,7 +261,7 @@ def _add_suspended(docs: list[dict[str, Any]]) -> None:
     }
     if not local:
         return
-    stopped = procfs.stopped_in_groups(dict(local.values()))
+    stopped = procfs.stopped_in_groups(dict(local.values()), read_table)
     for i, (pid, _) in local.items():
         docs[i]["suspended"] = [{"pid": p, "name": name} for p, name in stopped.get(pid, ())]
 
@@ -285,15 +289,18 @@ def attribution(
     trees: memwatch.TreesFn | None,
     store: Store | None = None,
     now: float | None = None,
+    read_table: Callable[[], list[procfs.Entry]] | None = None,
 ) -> memory.Attribution:
     """Which GPU processes belong to which running job: its wrapper and everything below it.
     With ``store``, a process below none of them is still ours when it carries one of our
     attempts' tokens or exited from one (see :func:`_strays`): a running job's process that
     exited before the job was reaped, or an ended one's while its memory is released. The
-    daemon counts those as ours, and `status` must not show them as someone else's."""
+    daemon counts those as ours, and `status` must not show them as someone else's.
+    ``read_table``: the process table as this status reads it (once, for this and the stopped
+    processes alike)."""
     if not any(g.processes for g in gpus):
         return memory.attribute(gpus, [])
-    pids = (trees or memwatch.attempt_trees)(live)
+    pids = trees(live) if trees is not None else memwatch.attempt_trees(live, read_table)
     mine = {a.id: _wrapper(a) | pids.get(a.id, frozenset()) for a in live}
     ended: list[memory.Tree] = []
     if store is not None:
@@ -316,8 +323,6 @@ def _strays(store: Store, pids: set[int], now: float) -> list[tuple[AttemptRow, 
     processes the daemon saw on an attempt's card, for attempts still running or ended in the
     last :data:`memory.RELEASE_S`. A live process without a token is someone else's, even where
     its pid was once one of ours: pids are reused, and a job runs for hours."""
-    from gpusched import procfs
-
     by_token: dict[str, set[int]] = {}
     for pid in pids:
         token = procfs.environ_value(pid, procfs.TOKEN_ENV)
