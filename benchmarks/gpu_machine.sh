@@ -19,9 +19,13 @@
 #   bash benchmarks/gpu_machine.sh OUT_DIR [STEPS]    # STEPS: the OOM ladder's steps a job (4)
 #
 # Writes each part's output to OUT_DIR (in_turn.txt, gpu_checks.txt, dispatch.txt, runner.txt,
-# first_launch.txt, refill.txt, status.txt, status_suites.txt, refill_listing.txt) as it goes, so what ran before a time limit is kept.
-# About 9 minutes on 16 cores and an H200 (a command of the lent machine may run 10): where less
-# time is left, run gpu_checks.sh on its own first.
+# first_launch.txt, refill.txt, status.txt, status_suites.txt, idle_nvml.txt,
+# refill_listing.txt) as it goes, so what ran before a time limit is kept.
+# About 10 minutes on 16 cores and an H200, where a command of the lent machine may run 10 and a
+# session has 15 in all, its start included: run it as two commands, each a list of parts,
+#   PARTS="gpu_checks dispatch runner first_launch" bash benchmarks/gpu_machine.sh OUT_DIR
+#   PARTS="in_turn refill status status_suites idle_nvml refill_listing" bash benchmarks/gpu_machine.sh OUT_DIR
+# (without PARTS, every part), the second only if time is left.
 set -u
 out=${1:?usage: gpu_machine.sh OUT_DIR [STEPS]}
 steps=${2:-4}
@@ -46,6 +50,7 @@ export PATH=$PATH:/tmp/debroot/usr/bin
 part() {  # part NAME LIMIT_S COMMAND...: one part, its output to OUT_DIR/NAME.txt, cut at LIMIT_S
     local name=$1 limit=$2 t=$SECONDS
     shift 2
+    case " ${PARTS:-$name} " in *" $name "*) ;; *) return 0 ;; esac  # PARTS="a b": only those
     echo "=== $name"
     timeout "$limit" "$@" 2>&1 | tee "$out/$name.txt"
     echo "--- $name: exit ${PIPESTATUS[0]} after $((SECONDS - t)) s" | tee -a "$out/$name.txt"
@@ -71,6 +76,9 @@ part refill 120 python3 benchmarks/bench_refill.py --jobs 300 --backend subproce
 part status 60 bash -c 'python3 benchmarks/bench_status.py --runs 3 $([ -d .parts/gpusched ] && echo --before .parts)'
 # the same 10,000 jobs in 246 suites, as months of nights leave a store (benchmarks/README.md, "Stop 53")
 part status_suites 60 python3 benchmarks/bench_status.py --runs 3 --jobs 200 --older 40 --past-suites 245
+# the idle daemon on the real card through NVML, 14 jobs each holding a CUDA context (fake cards
+# cannot say what NVML's calls and the real processes' attribution cost a second)
+part idle_nvml 120 python3 benchmarks/bench_idle.py --seconds 30 --real-gpus
 # last, as the part a time limit may cut: the refill beside cards that list a process, as a real
 # GPU's do, and 600 other processes (benchmarks/README.md, "Stop 58": fake cards list none, so no
 # refill measured before it read the process table the daemon reads on a real GPU)
