@@ -631,16 +631,19 @@ def test_exclusive_is_respected(queued: list[QueuedJob], gpus: list[GpuSlotView]
 @settings(max_examples=150, deadline=None)
 @given(job_lists(), gpu_lists())
 def test_head_job_is_placed_when_it_fits_anywhere(queued: list[QueuedJob], gpus: list[GpuSlotView]):
-    """No starvation of the head job: whatever comes after it, it goes first, at its own tier
-    (or, once starved, ``pack_now``, at the first of its slower tiers that fits), on the cards
-    it would not take alone (``alone_on``; those go to it in the second pass if no job after it
-    shares them). Its other slower tiers only take what the jobs after it leave."""
+    """No starvation of the head job: whatever comes after it, it goes first, at its own tier on
+    the cards it would not take alone there (``alone_on``; those go to it in the second pass if no
+    job after it shares them), or, once starved (``pack_now``) and kept off every card by memory
+    at its own tier, at the first of its slower tiers that fits any card. Its other slower tiers
+    only take what the jobs after it leave."""
     if not queued:
         return
     head = min(queued, key=job_order)
-    own = head if head.pack_now else replace(head, fallback=())
     shared = [g for g in gpus if not alone_on(head, g, HEADROOM)]  # it leaves those to others first
-    fits_alone = assign([own], shared, headroom_frac=HEADROOM).placements
+    fits_alone = assign([replace(head, fallback=())], shared, headroom_frac=HEADROOM).placements
+    if not fits_alone and head.pack_now:  # (a placement at its own tier now is the second pass's)
+        alone = assign([head], gpus, headroom_frac=HEADROOM).placements
+        fits_alone = tuple(p for p in alone if p.tier != head.tier)
     decision = assign(queued, gpus, headroom_frac=HEADROOM)
     placed = [p for p in decision.placements if p.job_id == head.job_id]
     if fits_alone:
