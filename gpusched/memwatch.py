@@ -218,10 +218,15 @@ class History:
     the last one, not every run of the night: :func:`records` costs ~6 us a finished run with a
     peak (on a GPU, every run), ~13 ms a tick after 2,000 runs, and the passes over its samples
     more. Read again whole when another connection committed (``PRAGMA data_version``: a
-    submit, a retry) or one of ours rolled back, so nothing it keeps can be stale."""
+    submit, a retry) or one of ours rolled back, so nothing it keeps can be stale. With ``jobs``
+    (``status``), what predicts those jobs' peaks only: the tasks' peaks summed up per tier
+    (:func:`peak_summaries`) and those jobs' own runs."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, jobs: Collection[str] | None = None) -> None:
         self.store = store
+        # a reader that asks these jobs' peaks only (``status``, which shows no run time): each
+        # task's peaks as SQLite sums them up, and these jobs' own runs (TaskHistory.extend_peaks)
+        self._jobs = None if jobs is None else sorted(jobs)
         self._version: tuple[int, int] | None = None
         self._seen = 0  # how much of store.exited is read
         self._tasks: set[str] = set()  # the tasks read so far
@@ -243,7 +248,10 @@ class History:
             self._keep(reaped, whole=False)
         if new := set(tasks) - self._tasks:
             self._tasks |= new
-            self._keep(history_rows(self.store, tasks=sorted(new)), whole=True)
+            if self._jobs is None:
+                self._keep(history_rows(self.store, tasks=sorted(new)), whole=True)
+            else:
+                self._keep_for_jobs(sorted(new), self._jobs)
         return {task: h for task, h in self._stats.items() if task in tasks}
 
     def maxima(self, tasks: Collection[str]) -> tuple[memory.Maxima, memory.Maxima]:
@@ -266,37 +274,78 @@ class History:
             self._ok.update(((task, tier), mib) for tier, mib in ok.items())
             self._floor.update(((task, tier), mib) for tier, mib in floor.items())
 
+    def _keep_for_jobs(self, tasks: Sequence[str], jobs: Sequence[str]) -> None:
+        """The peaks of ``tasks`` not read before, summed up per tier, and the own runs of
+        those of ``jobs`` that are theirs (what :meth:`_keep` of a whole read keeps for every
+        job; run times of these jobs only); and the tasks' maxima."""
+        own: dict[str, list[predict.HistoryRow]] = {}
+        for row in history_rows(self.store, jobs=jobs):
+            own.setdefault(row[0], []).append(row)
+        summaries: dict[str, list[predict.PeakSummary]] = {}
+        for task, summary in peak_summaries(self.store, tasks):
+            summaries.setdefault(task, []).append(summary)
+        for task, of_task in summaries.items():
+            kept = self._stats[task] = predict.TaskHistory(task)
+            kept.extend_peaks(of_task)
+            kept.extend_own(own.get(task, ()))
+            ok, floor = kept.maxima()
+            self._ok.update(((task, tier), mib) for tier, mib in ok.items())
+            self._floor.update(((task, tier), mib) for tier, mib in floor.items())
+
 
 def _only(maxima: memory.Maxima, tasks: Collection[str]) -> memory.Maxima:
     return {key: mib for key, mib in maxima.items() if key[0] in tasks}
 
 
-#: The ended attempts with a peak or an OOM where ``where`` holds, as :data:`predict.HistoryRow`
-#: (a run's seconds as Python's ``ended - started``: the same subtraction of the same doubles).
-_SELECT = (
-    "SELECT j.task, a.job_id, a.tier, a.peak_mib, a.outcome, a.predicted_mib,"
-    " CASE WHEN a.outcome = 'ok' AND a.ended_at > a.started_at THEN a.ended_at - a.started_at END, a.id"
+#: The ended attempts with a peak or an OOM where ``where`` holds (a run's seconds as Python's
+#: ``ended - started``: the same subtraction of the same doubles).
+_RUNS = (
     " FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE +a.state = 'exited' AND {where}"
     " AND (a.peak_mib IS NOT NULL OR a.outcome = 'oom')"
     " AND a.id NOT IN (SELECT attempt_id FROM arrivals)"  # someone else's crash, not its need
-    " ORDER BY a.id"
+)
+#: The runs of the tasks named in a JSON array (one parameter, however many).
+_OF_TASKS = "j.task IN (SELECT value FROM json_each(?))"
+_SECONDS = "CASE WHEN a.outcome = 'ok' AND a.ended_at > a.started_at THEN a.ended_at - a.started_at END"
+#: Those runs as :data:`predict.HistoryRow`, in attempt order.
+_SELECT = (
+    f"SELECT j.task, a.job_id, a.tier, a.peak_mib, a.outcome, a.predicted_mib, {_SECONDS}, a.id"
+    + _RUNS
+    + " ORDER BY a.id"
+)
+#: Those runs' peaks summed up per task and tier (a :data:`predict.PeakSummary` after the task):
+#: the successful runs' peaks as one text, how many ran out of memory, their largest peak and the
+#: largest prediction one of them was placed with (the text's order is SQLite's).
+_PEAKS = (
+    "SELECT j.task, a.tier, group_concat(CASE WHEN a.outcome = 'ok' THEN a.peak_mib END),"
+    " sum(a.outcome = 'oom'), max(CASE WHEN a.outcome = 'oom' THEN a.peak_mib END),"
+    " max(CASE WHEN a.outcome = 'oom' THEN a.predicted_mib END)" + _RUNS + " GROUP BY j.task, a.tier"
 )
 
 
 def history_rows(
-    store: Store, *, tasks: Sequence[str] = (), attempts: Sequence[int] = ()
+    store: Store, *, tasks: Sequence[str] = (), attempts: Sequence[int] = (), jobs: Sequence[str] = ()
 ) -> Iterator[predict.HistoryRow]:
     """The ended attempts with a peak or an OOM, as :data:`predict.HistoryRow`, in attempt
     order: those of ``tasks`` in one query whatever their number (SQLite reads the names from
     one JSON array: a plan without ``task:`` asks for one task per job, and 500 names a query
-    walked every run once per 500), then those of ``attempts`` (ids: a tick's few), 500 a query."""
+    walked every run once per 500), then those of ``attempts`` (ids: a tick's few) and of
+    ``jobs`` (ids), 500 a query."""
     cur = store.db.cursor()
     cur.row_factory = None  # tuples, as a HistoryRow is (a sqlite3.Row a row: 7 % more of a whole read)
     if tasks:
-        yield from cur.execute(
-            _SELECT.format(where="j.task IN (SELECT value FROM json_each(?))"), [json.dumps(tasks)]
-        )
+        yield from cur.execute(_SELECT.format(where=_OF_TASKS), [json.dumps(tasks)])
     yield from in_chunks(cur, _SELECT.format(where="a.id IN ({})"), attempts)
+    yield from in_chunks(cur, _SELECT.format(where="a.job_id IN ({})"), jobs)
+
+
+def peak_summaries(store: Store, tasks: Sequence[str]) -> Iterator[tuple[str, predict.PeakSummary]]:
+    """The peaks of ``tasks``' runs summed up per tier (:data:`_PEAKS`), a row a task and tier
+    whatever the number of runs, each as (task, :data:`predict.PeakSummary`)."""
+    for task, tier, peaks, ooms, oom_peak, oom_placed in store.db.execute(
+        _PEAKS.format(where=_OF_TASKS), [json.dumps(tasks)]
+    ):
+        yield task, (tier, list(map(int, peaks.split(","))) if peaks else [], ooms, oom_peak, oom_placed)
 
 
 class Running(Struct, frozen=True):
@@ -350,13 +399,16 @@ def demands(
     """job id -> :class:`Demand` for every job whose suite is known. Jobs of one task without
     history of their own share one prediction (a 10k-job queue costs one per task). ``now``:
     also let running attempts bound the run time of tasks none of whose jobs has finished.
-    ``history``: where the daemon keeps the runs' history (else it is read whole).
+    ``history``: where the daemon keeps the runs' history (else these jobs' peaks are read, as
+    ``status`` needs them: their run times are then their own runs' only).
     ``step_up``: the learned ratio of peak to plateau (see :func:`running_for`)."""
     rows = {s: suite_of(s) for s in {j.suite for j in jobs}}
     suites = {name: row for name, row in rows.items() if row is not None and row.suite.tiers}
     tasks = {name: suite_tasks(store, row) for name, row in suites.items()}
     wanted = sorted(set().union(*tasks.values(), {j.task for j in jobs}))
-    history = history or History(store)  # status, a what-if: one read of the whole history
+    # status: one read of the peaks, summed up, and these jobs' own runs (no other run times:
+    # status shows none)
+    history = history or History(store, jobs={j.id for j in jobs})
     stats = history.read(set(wanted))
     ok, floor = history.maxima(set(wanted))
     running = running_for(store, now, step_up) if now is not None else Running({}, {})

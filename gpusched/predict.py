@@ -152,6 +152,12 @@ class RunSample(Struct, frozen=True, kw_only=True):
 HistoryRow = tuple[str, str, int, int | None, str, int | None, float | None, int]
 
 
+#: One tier of a task's history as :meth:`TaskHistory.extend_peaks` takes it: the tier, the peaks
+#: of its successful runs (any order), how many of its runs ran out of memory, the largest peak
+#: and the largest prediction placed among those (``None``: none known).
+PeakSummary = tuple[int, Sequence[int], int, int | None, int | None]
+
+
 class Duration(Struct, frozen=True, kw_only=True):
     seconds: float | None
     source: str  # one of DURATION_SOURCES
@@ -204,19 +210,18 @@ def _median_of_sorted(ordered: Sequence[float]) -> float:
 
 
 class _OomStats:
-    """A set of samples' OOMs as :func:`_after_oom` reads them: how many, their largest peak
-    and the largest prediction one was placed with."""
+    """A set of samples' OOMs (one at least) as :func:`_after_oom` reads them: their largest
+    peak and the largest prediction one was placed with."""
 
-    __slots__ = ("n", "peak", "placed")
+    __slots__ = ("peak", "placed")
 
     def __init__(self) -> None:
-        self.n = 0
         self.peak: int | None = None
         self.placed: int | None = None
 
     def add(self, peak_mib: int | None, predicted_mib: int | None) -> None:
-        """One more OOM: its peak and what it was placed with (each may be unknown)."""
-        self.n += 1
+        """One more OOM, or more of them: its (their largest) peak and what it was placed with
+        (each may be unknown)."""
         if peak_mib is not None:
             self.peak = peak_mib if self.peak is None else max(self.peak, peak_mib)
         if predicted_mib is not None:
@@ -274,20 +279,54 @@ class TaskHistory:
         ok = {tier: peaks[-1] for tier, peaks in self._ok.items()}
         return ok, {tier: o.peak for tier, o in self._oom.items() if o.peak is not None}
 
+    def extend_peaks(self, tiers: Iterable[PeakSummary]) -> None:
+        """The task's peaks as every job's siblings see them, summed up per tier
+        (:data:`PeakSummary`), for a reader that asks a few jobs' peaks only (``status``, which
+        shows no run time: the jobs standing for the queue's kinds), who gives those jobs' own
+        runs with :meth:`extend_own`. Then :attr:`jobs` holds only those of them with a sample,
+        :meth:`peak` predicts for them what :meth:`extend` of every run would, and
+        :meth:`duration` knows their own run times only: 10,000 runs of a task are a row per
+        tier from the store, not a row each."""
+        for tier, peaks, ooms, oom_peak, oom_placed in tiers:
+            if peaks:
+                ok = self._ok.setdefault(tier, [])
+                ok.extend(peaks)
+                ok.sort()
+            if ooms:
+                self._oom.setdefault(tier, _OomStats()).add(oom_peak, oom_placed)
+
+    def extend_own(self, rows: Iterable[HistoryRow]) -> None:
+        """All the runs of some jobs of the task, as their own (see :meth:`extend_peaks`)."""
+        self._keep_own(rows, list.append)
+        for values in self._own_runs.values():
+            values.sort()
+
     def _keep(self, rows: Iterable[HistoryRow], put: Callable[[list[Any], Any], None]) -> None:
-        ok, runs, own_ok, own_runs = self._ok, self._runs, self._own_ok, self._own_runs
+        rows = rows if isinstance(rows, list) else list(rows)
+        self._keep_shared(rows, put)
+        self._keep_own(rows, put)
+
+    def _keep_shared(self, rows: Iterable[HistoryRow], put: Callable[[list[Any], Any], None]) -> None:
+        ok, runs, oom = self._ok, self._runs, self._oom
+        for _, _, tier, peak_mib, outcome, predicted_mib, seconds, _ in rows:
+            if outcome == Outcome.OK and peak_mib is not None:
+                put(ok.setdefault(tier, []), peak_mib)
+            elif outcome == Outcome.OOM:
+                oom.setdefault(tier, _OomStats()).add(peak_mib, predicted_mib)
+            if seconds is not None:  # a successful run: how long it took
+                put(runs.setdefault(tier, []), seconds)
+
+    def _keep_own(self, rows: Iterable[HistoryRow], put: Callable[[list[Any], Any], None]) -> None:
+        own_ok, own_oom, own_runs = self._own_ok, self._own_oom, self._own_runs
         for _, job_id, tier, peak_mib, outcome, predicted_mib, seconds, order in rows:
             self.jobs.add(job_id)
             key = (job_id, tier)
             if outcome == Outcome.OK and peak_mib is not None:
-                put(ok.setdefault(tier, []), peak_mib)
                 own = own_ok.get(key)
                 own_ok[key] = peak_mib if own is None else max(own, peak_mib)
             elif outcome == Outcome.OOM:
-                self._oom.setdefault(tier, _OomStats()).add(peak_mib, predicted_mib)
-                self._own_oom.setdefault(key, _OomStats()).add(peak_mib, predicted_mib)
-            if seconds is not None:  # a successful run: how long it took
-                put(runs.setdefault(tier, []), seconds)
+                own_oom.setdefault(key, _OomStats()).add(peak_mib, predicted_mib)
+            if seconds is not None:
                 put(own_runs.setdefault(key, []), (order, seconds))
 
     def peak(

@@ -7,16 +7,19 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from gpusched import memory, memwatch, predict
 from gpusched.model import Classification, ExitRecord, Outcome, Step, StepKind
 from gpusched.store import Store
-from tests.unit.test_store import make_suite, start, submit
+from tests.unit.test_store import make_suite, new_attempt, start, submit
 
 OK = Classification(outcome=Outcome.OK, reason="exit 0")
 OOM = Classification(outcome=Outcome.OOM, reason="CUDA out of memory")
+ERROR = Classification(outcome=Outcome.ERROR, reason="exit 1")
 DONE = Step(kind=StepKind.DONE, tier=0, reason="succeeded")
+FAILED = Step(kind=StepKind.FAIL, tier=1, reason="failed")
 AGAIN = Step(kind=StepKind.REQUEUE, tier=1, reason="requeued one tier down")
 
 
@@ -29,22 +32,31 @@ def end(store: Store, job_id: str, token: str, peak_mib: int, *, oom: bool = Fal
     return aid
 
 
-def same_as_fresh(history: memwatch.History, store: Store, tasks: list[str]) -> bool:
-    """What ``history`` predicts for every job and tier of ``tasks`` is what a pass over the
-    store's records predicts (``predict_peak``, ``predict_duration``), and its maxima theirs."""
+JOBS = ("E1/j0", "E1/j1", "E1/j2", "E2/j0", "E2/j1")
+
+
+def same_as_fresh(
+    history: memwatch.History, store: Store, tasks: list[str], asked: tuple[str, ...] | None = None
+) -> bool:
+    """What ``history`` predicts for every job (of ``asked``, what it was made for) and tier of
+    ``tasks`` is what a pass over the store's records predicts (``predict_peak``,
+    ``predict_duration``), and its maxima theirs."""
     kept = history.read(set(tasks))
     peaks, runs = memwatch.records(store, tasks)
     assert set(kept) == {t for t in tasks if peaks.get(t)}
     for task in tasks:
         h = kept.get(task) or predict.TaskHistory(task)
-        assert h.jobs == {s.job_id for s in peaks.get(task, [])}
-        for job in ("E1/j0", "E1/j1", "E1/j2", "E2/j0", "E2/j1"):
-            for tier in (0, 1):
+        assert h.jobs == {s.job_id for s in peaks.get(task, []) if asked is None or s.job_id in asked}
+        for job in JOBS if asked is None else asked:
+            for tier in (0, 1, 2):
                 kw = {"default_mib": 4000, "usable_mib": 20_000}
                 assert h.peak(job, tier, **kw) == predict.predict_peak(
                     task, job, tier, peaks.get(task, []), **kw
                 )
-                assert h.duration(job, tier) == predict.predict_duration(task, job, tier, runs.get(task, []))
+                if asked is None:  # (a history for a few jobs' peaks knows their own run times only)
+                    assert h.duration(job, tier) == predict.predict_duration(
+                        task, job, tier, runs.get(task, [])
+                    )
     assert history.maxima(set(tasks)) == memory.peak_maxima(s for ss in peaks.values() for s in ss)
     return True
 
@@ -145,3 +157,46 @@ def test_a_task_asked_for_later_is_read_whole_once(store: Store) -> None:
     end(store, "E2/j1", "c", 6100)  # of a task not read yet: ends before it is asked for
     assert same_as_fresh(history, store, ["t", "u"])
     assert history.read({"u"})["u"].jobs == {"E2/j0", "E2/j1"}
+
+
+def test_a_history_for_a_few_jobs_peaks_predicts_for_them_what_a_whole_read_does(store: Store) -> None:
+    """``status`` asks the peaks of the few jobs standing for the queue's kinds, and shows no run
+    time: it reads each task's peaks summed up per tier by SQLite (a row a tier, where a store of
+    10,000 runs gave 10,000 rows) and only those jobs' own runs, and must predict for them what
+    the daemon's whole read predicts: their own runs first, the task's p90 of every success, its
+    OOMs and what they were placed with, someone else's crash left out."""
+    submit(store, make_suite("E2", n=14))
+    end(store, "E1/j0", "a", 9000, oom=True)  # E1/j0: an OOM of its own
+    for k in range(1, 6):
+        end(store, f"E1/j{k}", f"e{k}", 6000 + 700 * k, at=10.0 + k)
+    for k in range(11):  # with E1's, 15 successes: the p90 is not the largest
+        end(store, f"E2/j{k}", f"f{k}", 9000 - 50 * k, at=30.0 - k)
+    crashed = end(store, "E2/j11", "x", 30_000, oom=True)
+    store.add_arrival(crashed, [4242], 20_000)  # an outsider came onto the card: not its need
+    # tier 1, where nothing succeeded: E1/j0's second OOM, placed with 4 GiB, beside an error
+    # that reported a peak and was placed with more than a card: neither counts as a success,
+    # and only the OOM's placement says whether the tier fits a card
+    # and tier 2, where an error reported a peak: no success there, no OOM either
+    for job, token, tier, placed, result in (
+        ("E1/j0", "oom1", 1, 4000, OOM),
+        ("E2/j12", "err1", 1, 25_000, ERROR),
+        ("E2/j13", "err2", 2, 25_000, ERROR),
+    ):
+        at = msgspec.structs.replace(new_attempt(job, token), tier=tier, tier_name="ABC"[tier])
+        aid = store.begin_attempt(at, now=40.0)
+        store.mark_running(aid, {"pid": 1}, now=40.0)
+        store.db.execute("UPDATE attempts SET predicted_mib = ? WHERE id = ?", (placed, aid))
+        rec = ExitRecord(
+            exit_code=1, peak_mib=9500 if result is OOM else 50_000, started_at=40.0, ended_at=50.0
+        )
+        store.finish_attempt(aid, exit=rec, result=result, step=FAILED, now=50.0)
+    for asked in (("E1/j0", "E2/j11"), ("E1/j2", "E2/j12"), ("E2/j99",), JOBS):
+        history = memwatch.History(store, jobs=asked)
+        seen: list[str] = []
+        store.db.set_trace_callback(seen.append)
+        assert "E2/j11" not in history.read({"t"})["t"].jobs  # its only run was the crash
+        store.db.set_trace_callback(None)
+        assert same_as_fresh(history, store, ["t"], asked)
+        reads = [q for q in seen if "FROM attempts a JOIN jobs j" in q]
+        assert len(reads) == 2 and "a.job_id IN (" in reads[0], reads  # the jobs' own runs, then
+        assert "group_concat(" in reads[1] and "GROUP BY j.task, a.tier" in reads[1], reads  # the peaks

@@ -244,9 +244,11 @@ _FALLBACKS = ((9000, 20_000, None), (None, None, None), (4000, None, 12_000))
 def test_a_kept_task_history_predicts_what_a_pass_over_its_samples_does(drawn, rng) -> None:  # type: ignore[no-untyped-def]
     """The daemon keeps each task's history as runs end (``TaskHistory``) instead of passing over
     every sample each tick: for any ended attempts, added one by one in their order or in any
-    order, a few at a time, or read whole at once (``extend``, as the daemon's start and every
-    ``status`` do) or in two reads, it must predict exactly what ``predict_peak`` and
-    ``predict_duration`` do over the same samples, and its maxima be ``peak_maxima``'s."""
+    order, a few at a time, or read whole at once (``extend``, as the daemon's start does) or in
+    two reads, it must predict exactly what ``predict_peak`` and ``predict_duration`` do over the
+    same samples, and its maxima be ``peak_maxima``'s; and its peaks must be, for one read as
+    ``status`` reads it (the task's peaks summed up per tier, and a few jobs' own runs), for those
+    jobs."""
     from gpusched.memory import peak_maxima
     from gpusched.predict import TaskHistory
 
@@ -272,11 +274,26 @@ def test_a_kept_task_history_predicts_what_a_pass_over_its_samples_does(drawn, r
     half = len(rows) // 2
     two_reads.extend(rows[half:])
     two_reads.extend(rows[:half])
+    # status asks a few jobs' peaks: the task's summed up per tier, and those jobs' own runs
+    asked = TaskHistory(TASK)
+    asked.extend_peaks(
+        (
+            tier,
+            rng.sample(oks := [r[3] for r in at if r[4] == "ok" and r[3] is not None], len(oks)),
+            len(ooms := [r for r in at if r[4] == "oom"]),
+            max((r[3] for r in ooms if r[3] is not None), default=None),
+            max((r[5] for r in ooms if r[5] is not None), default=None),
+        )
+        for tier in range(3)
+        if (at := [r for r in rows if r[2] == tier])
+    )
+    asked.extend_own(r for r in rows if r[1] in ("j0", "j9"))
     ok, floor = peak_maxima(samples)
-    for h in (in_order, shuffled, few, whole, two_reads):
+    for h in (in_order, shuffled, few, whole, two_reads, asked):
         assert h.maxima() == ({t: m for (_, t), m in ok.items()}, {t: m for (_, t), m in floor.items()})
-        assert h.jobs == {s.job_id for s in samples}
-        for job in ("j0", "j1", "j9"):
+        jobs = {s.job_id for s in samples}
+        assert h.jobs == (jobs & {"j0", "j9"} if h is asked else jobs)
+        for job in ("j0", "j9") if h is asked else ("j0", "j1", "j9"):
             for tier in range(5):
                 for default, usable, running, plateau in (
                     (9000, 20_000, None, None),
@@ -289,6 +306,8 @@ def test_a_kept_task_history_predicts_what_a_pass_over_its_samples_does(drawn, r
                     kw["plateau_mib"] = plateau
                     assert h.peak(job, tier, **kw) == predict_peak(TASK, job, tier, samples, **kw)  # type: ignore[arg-type]
                 for running_s in (None, 30.0):
+                    if h is asked:  # (it knows its jobs' own run times only: status shows none)
+                        break
                     assert h.duration(job, tier, running_s=running_s) == predict_duration(
                         TASK, job, tier, runs, running_s=running_s
                     )
