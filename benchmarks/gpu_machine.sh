@@ -1,7 +1,8 @@
 #!/bin/bash
 # One run of the aims and the real-GPU checks on a lent, bare GPU machine that has Python and
 # torch but nothing of gpusched's own, and no network. What it needs is carried beside the
-# checkout (the folders are in .gitignore):
+# checkout (the folders are in .gitignore; `bash benchmarks/gpu_prepare.sh [BEFORE_COMMIT]` fetches
+# .whl/, .deb/ and .before/ here in one command):
 #
 #   .whl/  the wheels of gpusched's dependencies that machine lacks, for its Python:
 #          python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
