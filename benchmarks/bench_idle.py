@@ -57,8 +57,9 @@ def measure(
     backend: str,
     gpu_processes: int | None = None,
     real_gpus: bool = False,
-) -> tuple[float, float, float]:
-    """(cpu % of one core, CPU ms per second, RSS MiB) of the daemon over ``seconds``;
+) -> tuple[float, float, float, int]:
+    """(cpu % of one core, CPU ms per second, RSS MiB) of the daemon over ``seconds``, and how
+    many processes the first card's driver listed (``real_gpus`` only; else 0);
     ``gpu_processes``: GPUs that list a process, beside that many other processes;
     ``real_gpus``: the machine's own cards, the jobs on the first, each holding a CUDA context."""
     import psutil
@@ -76,14 +77,15 @@ def measure(
         else:
             plan = ",".join("1" * 16)
         sb.cli("submit", "--suite", "idle", "--gpu-plan", plan, "--backend", backend, env=env)
-        deadline = time.monotonic() + (180 if real_gpus else 60)
+        deadline = time.monotonic() + 60
         while sb.counts().get("running", 0) < running:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"jobs did not start: {sb.counts()}")
             time.sleep(0.1)
-        while real_gpus and len(listed_processes(sb, env)) < running:  # their CUDA contexts made
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the driver lists {len(listed_processes(sb, env))} of {running} jobs")
+        listed = 0
+        while real_gpus and (listed := len(listed_processes(sb, env))) < running:  # their CUDA contexts
+            if time.monotonic() > deadline:  # (a driver in another PID namespace lists none: measured as is)
+                break
             time.sleep(0.5)
         time.sleep(2.0)  # let the launches' own work settle
         p = psutil.Process(daemon_pid(sb))
@@ -93,7 +95,7 @@ def measure(
         rss = p.memory_info().rss / 2**20
         cpu_s = (c1.user - c0.user) + (c1.system - c0.system)
         sb.cli("cancel", "--suite", "idle", env=env, check=False)
-        return 100 * cpu_s / (t1 - t0), 1000 * cpu_s / (t1 - t0), rss
+        return 100 * cpu_s / (t1 - t0), 1000 * cpu_s / (t1 - t0), rss, listed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,10 +122,13 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--real-gpus needs an NVIDIA GPU, and NVML finds none here ({e})")
     rows = []
     for queued in sorted({0, args.queued}):
-        pct, ms, rss = measure(
+        pct, ms, rss, on_card = measure(
             args.seconds, min(args.jobs, 16), queued, args.backend, args.gpu_processes, args.real_gpus
         )
-        rows.append([f"{args.jobs} running, {queued} queued", f"{pct:.2f} %", f"{ms:.1f}", f"{rss:.0f}"])
+        jobs = f"{args.jobs} running, {queued} queued" + (
+            f" ({on_card} listed by the driver)" if args.real_gpus else ""
+        )
+        rows.append([jobs, f"{pct:.2f} %", f"{ms:.1f}", f"{rss:.0f}"])
     listed = listing_words(args.gpu_processes)
     if args.real_gpus:
         listed += ", this machine's GPUs through NVML, each job holding a CUDA context on the first"
