@@ -215,6 +215,10 @@ def _first_pass(
     return waits, spared
 
 
+#: Why a job waits that a slower tier's guessed peak keeps off an empty card (:func:`_noted`).
+_KEPT_BELOW = "while its peak at a slower tier is a guess"
+
+
 def _second_pass(
     jobs: Sequence[tuple[QueuedJob, Wait]],
     views: dict[int, GpuSlotView],
@@ -230,7 +234,7 @@ def _second_pass(
     its turn). Returns the jobs still waiting: with the first pass's why, or for a spared job
     with why its own tier fits no card now."""
     waits: list[tuple[QueuedJob, Wait]] = []
-    waited: dict[_Key, Wait] = {}
+    waited: dict[_Key, tuple[Wait, list[int]]] = {}  # why, and the cards its slower tier is kept off
     for job, before in jobs:
         again = id(job) in spared
         left = guess_waits(job, views.values(), headroom_frac) if again else []
@@ -242,8 +246,11 @@ def _second_pass(
             waits.append((job, before))  # nothing new to try: its first-pass why stands
             continue
         key = (keys[id(job)], falls, again, job.guessed_below)
-        if key in waited:
-            waits.append((job, Wait(job_id=job.job_id, reason=waited[key].reason) if again else before))
+        kept: list[int] = []
+        if key in waited:  # a job like one before, the cards as they were: it waits alike
+            like, kept = waited[key]
+            alike = Wait(job_id=job.job_id, reason=like.reason) if again else before
+            waits.append((job, _noted(alike, kept, _KEPT_BELOW) if kept and not again else alike))
             continue
         cards = list(views.values())
         outcome: Placement | Wait = before
@@ -251,16 +258,15 @@ def _second_pass(
         if again:
             outcome, placed = _own_tier(job, cards, headroom_frac, share=False)
         if not isinstance(outcome, Placement):
-            kept: list[int] = []
             outcome, placed = _slower_tier(job, cards, headroom_frac, falls, kept) or (outcome, job)
             if kept and not isinstance(outcome, Placement):
-                outcome = _noted(outcome, kept, "while its peak at a slower tier is a guess")
+                outcome = _noted(outcome, kept, _KEPT_BELOW)
         if isinstance(outcome, Placement):
             _occupy(outcome, placed, views, placements)
             waited.clear()
         else:
             waits.append((job, outcome))
-            waited[key] = outcome
+            waited[key] = (outcome, kept)
     return waits
 
 

@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from msgspec.structs import replace
 
@@ -178,8 +178,38 @@ def cards(draw: st.DrawFn) -> list[GpuSlotView]:
     return views
 
 
+def _guessed_pair() -> list[QueuedJob]:
+    """Two jobs of one kind whose own tier and slower tier are both guesses, kept off the one
+    empty card (hypothesis found it: the second waited without the slower tier's note). Their
+    plan's slots are one map, as a suite's jobs share it: what makes them one kind."""
+    allowed = {0: 0, 1: 2}
+    return [
+        QueuedJob(
+            job_id=f"j{seq}",
+            seq=seq,
+            priority=0,
+            tier=0,
+            tiers=LADDERS[0],
+            allowed=allowed,
+            predicted_mib=6 * GIB,
+            fallback=((1, 4 * GIB),),
+            guessed=True,
+            guessed_below=frozenset({1}),
+        )
+        for seq in (0, 1)
+    ]
+
+
 @settings(max_examples=300, deadline=None)
 @given(queues(), cards(), st.sampled_from([0.0, 0.1, 0.2]))
+@example(
+    _guessed_pair(),
+    [
+        GpuSlotView(index=0, running=1, free_mib=None, total_mib=None, reserved_mib=0, empty_s=0.0),
+        GpuSlotView(index=1, running=0, free_mib=0, total_mib=None, reserved_mib=0),
+    ],
+    0.0,
+)
 def test_assign_decides_as_if_it_checked_every_job(
     queued: list[QueuedJob], gpus: list[GpuSlotView], headroom: float
 ) -> None:
