@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from msgspec.structs import replace
 
@@ -630,6 +630,16 @@ def test_exclusive_is_respected(queued: list[QueuedJob], gpus: list[GpuSlotView]
 
 @settings(max_examples=150, deadline=None)
 @given(job_lists(), gpu_lists())
+@example(  # a starved head whose own tier would take card 0 alone, falling back to an exclusive tier
+    [
+        replace(
+            job("j0", allowed={1: 1, 0: 2}, predicted=0),
+            fallback=((TIER_B, None), (TIER_D, None)),
+            pack_now=True,
+        )
+    ],
+    [GpuSlotView(index=0, free_mib=0, reserved_mib=1), GpuSlotView(index=1, free_mib=0, reserved_mib=1)],
+)
 def test_head_job_is_placed_when_it_fits_anywhere(queued: list[QueuedJob], gpus: list[GpuSlotView]):
     """No starvation of the head job: whatever comes after it, it goes first, at its own tier on
     the cards it would not take alone there (``alone_on``; those go to it in the second pass if no
