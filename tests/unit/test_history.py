@@ -174,9 +174,8 @@ def test_a_history_for_a_few_jobs_peaks_predicts_for_them_what_a_whole_read_does
     crashed = end(store, "E2/j11", "x", 30_000, oom=True)
     store.add_arrival(crashed, [4242], 20_000)  # an outsider came onto the card: not its need
     # tier 1, where nothing succeeded: E1/j0's second OOM, placed with 4 GiB, beside an error
-    # that reported a peak and was placed with more than a card: neither counts as a success,
-    # and only the OOM's placement says whether the tier fits a card
-    # and tier 2, where an error reported a peak: no success there, no OOM either
+    # that reported a peak and was placed with more than a card (neither is a success, and only
+    # the OOM's placement says whether the tier fits a card); tier 2: an error with a peak alone
     for job, token, tier, placed, result in (
         ("E1/j0", "oom1", 1, 4000, OOM),
         ("E2/j12", "err1", 1, 25_000, ERROR),
