@@ -70,13 +70,14 @@ def measure(
         env = sb.env() if real_gpus else sb.env(GPUSCHED_FAKE_GPUS="16x24GiB")
         if gpu_processes is not None:
             stack.enter_context(listing_cards(sb, env, gpu_processes, card=15))
+        gpus: list[str] = []
         if real_gpus:
-            plan = str(running)  # every job on card 0, as many slots as jobs
+            plan, gpus = str(running), ["--gpus", "0"]  # every job on card 0, as many slots as jobs
         elif running < 16:
             plan = ",".join("1" * running) + ",0" * (16 - running)
         else:
             plan = ",".join("1" * 16)
-        sb.cli("submit", "--suite", "idle", "--gpu-plan", plan, "--backend", backend, env=env)
+        sb.cli("submit", "--suite", "idle", "--gpu-plan", plan, *gpus, "--backend", backend, env=env)
         deadline = time.monotonic() + 60
         while sb.counts().get("running", 0) < running:
             if time.monotonic() > deadline:
