@@ -14,6 +14,7 @@ import functools
 import json
 import os
 import shutil
+import signal
 import sqlite3
 import statistics
 import subprocess
@@ -137,6 +138,14 @@ class Sandbox:
         raise TimeoutError(f"jobs not done within {timeout_s} s: {self.counts()}")
 
     def stop(self) -> None:
+        """Cancel what still runs (a benchmark cut short leaves its jobs), let the daemon end it
+        (for at most 30 s), then stop the daemon and the tmux server."""
+        if self.db.exists() and self.counts().get("running", 0) + self.counts().get("queued", 0):
+            with contextlib.suppress(Exception):
+                self.cli("cancel", "*", check=False, timeout=60)
+                deadline = time.monotonic() + 30
+                while self.counts().get("running", 0) and time.monotonic() < deadline:
+                    time.sleep(0.1)
         with contextlib.suppress(Exception):
             self.cli("daemon", "stop", check=False, timeout=60)
         sock = self.home / "tmux.sock"
@@ -187,12 +196,20 @@ def sandbox(keep: bool = False) -> Iterator[Sandbox]:
     root = Path(tempfile.mkdtemp(prefix="gpusched-bench-"))
     sb = Sandbox(root)
     sb.project.mkdir(parents=True)
+    # a `timeout` that cuts a benchmark short (gpu_machine.sh's parts) sends SIGTERM: end as on
+    # an error, so that its daemon and jobs go too instead of loading the parts after it
+    previous = signal.signal(signal.SIGTERM, _exit_on_term)
     try:
         yield sb
     finally:
+        signal.signal(signal.SIGTERM, previous)
         sb.stop()
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _exit_on_term(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 @contextlib.contextmanager
