@@ -298,14 +298,3 @@ def carrying(key: str, value: str) -> list[int]:
         if (st := _stat(int(name))) is not None and st[0] not in ("Z", "X"):
             found.append(int(name))
     return found
-
-
-def descendants(pid: int) -> list[int]:
-    """``pid`` itself followed by every live process below it ([] when ``pid`` is gone);
-    for matching GPU processes to the job that owns them."""
-    import psutil
-
-    try:
-        return [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
-    except psutil.Error:
-        return []

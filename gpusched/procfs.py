@@ -174,9 +174,8 @@ def process_trees(
     roots: Iterable[int], read_table: Callable[[], list[Entry]] = table
 ) -> dict[int, frozenset[int]]:
     """``root -> {root and every process below it}`` for each live root, from ONE scan of the
-    process table (``read_table``: :func:`table`, or a read already made;
-    :func:`gpusched.proc.descendants` per root would scan it once per root). A root that is
-    gone is left out."""
+    process table (``read_table``: :func:`table`, or a read already made), not one scan per
+    root. A root that is gone is left out."""
     children: dict[int, list[int]] = {}
     alive: set[int] = set()
     for pid, ppid, *_ in read_table() if _HAVE_PROC else _table_psutil():
