@@ -270,9 +270,7 @@ class History:
             if kept is None:
                 kept = self._stats[task] = predict.TaskHistory(task)
             (kept.extend if whole else kept.add)(of_task)
-            ok, floor = kept.maxima()
-            self._ok.update(((task, tier), mib) for tier, mib in ok.items())
-            self._floor.update(((task, tier), mib) for tier, mib in floor.items())
+            self._keep_maxima(task, kept)
 
     def _keep_for_jobs(self, tasks: Sequence[str], jobs: Sequence[str]) -> None:
         """The peaks of ``tasks`` not read before, summed up per tier, and the own runs of
@@ -288,9 +286,13 @@ class History:
             kept = self._stats[task] = predict.TaskHistory(task)
             kept.extend_peaks(of_task)
             kept.extend_own(own.get(task, ()))
-            ok, floor = kept.maxima()
-            self._ok.update(((task, tier), mib) for tier, mib in ok.items())
-            self._floor.update(((task, tier), mib) for tier, mib in floor.items())
+            self._keep_maxima(task, kept)
+
+    def _keep_maxima(self, task: str, kept: predict.TaskHistory) -> None:
+        """``task``'s largest peaks per tier, of successes and of OOMs, as ``kept`` has them now."""
+        ok, floor = kept.maxima()
+        self._ok.update(((task, tier), mib) for tier, mib in ok.items())
+        self._floor.update(((task, tier), mib) for tier, mib in floor.items())
 
 
 def _only(maxima: memory.Maxima, tasks: Collection[str]) -> memory.Maxima:
