@@ -140,7 +140,8 @@ class Sandbox:
     def stop(self) -> None:
         """Cancel what still runs (a benchmark cut short leaves its jobs), let the daemon end it
         (for at most 30 s), then stop the daemon and the tmux server."""
-        if self.db.exists() and self.counts().get("running", 0) + self.counts().get("queued", 0):
+        left = self.counts() if self.db.exists() else {}
+        if left.get("running", 0) or left.get("queued", 0):
             with contextlib.suppress(Exception):
                 self.cli("cancel", "*", check=False, timeout=60)
                 deadline = time.monotonic() + 30
