@@ -19,8 +19,9 @@ Rules, checked per job and per GPU in this order (the first that fails vetoes th
 
 Among the GPUs left, the job takes the one with the most usable free memory
 (``free - reserved``; unknown sorts after known), then the fewest running jobs, then the
-lowest index. ``avoid_gpu`` (where its last attempt failed) is skipped when another GPU is
-left.
+lowest index; a job at an exclusive tier whose peak is known takes the card with the fewest
+slots in its plan first (:func:`rank_for`: the slots it idles). ``avoid_gpu`` (where its
+last attempt failed) is skipped when another GPU is left.
 
 Jobs are served in order of priority (high first), then predicted run time (longest first,
 so that a night does not end on a long job started late; unknown first, as running one is
@@ -50,7 +51,7 @@ the veto of the GPUs that got furthest through the checks above.
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from msgspec import Struct
 from msgspec.structs import replace
@@ -447,7 +448,7 @@ def job_order(job: QueuedJob) -> tuple[int, bool, float, bool, int, int]:
 def place_one(job: QueuedJob, views: Sequence[GpuSlotView], headroom_frac: float) -> Placement | Wait:
     """The GPU for one job given the current views, or why it waits."""
     vetoes = {g.index: veto(job, g, headroom_frac) for g in views}
-    ranked = sorted((g for g in views if vetoes[g.index] is None), key=rank_key)
+    ranked = sorted((g for g in views if vetoes[g.index] is None), key=rank_for(job))
     if not ranked:
         return Wait(job_id=job.job_id, reason=wait_reason(job, views, vetoes, headroom_frac))
     chosen, avoided = _skip_avoided(ranked, job.avoid_gpu)
@@ -497,6 +498,20 @@ def rank_key(gpu: GpuSlotView) -> tuple[bool, int, int, int]:
     return (usable is None, -(usable or 0), gpu.running, gpu.index)
 
 
+def rank_for(job: QueuedJob) -> Callable[[GpuSlotView], tuple[object, ...]]:
+    """How ``job`` ranks the cards that may take it: :func:`rank_key`, except at an exclusive
+    tier with a known peak, where the card with the fewest slots in its plan comes first. Such
+    a job idles all of its card's slots, and every card left to it fits its peak: on a plan
+    like ``2,2,2,2,1,1,1`` it takes a 1-slot card and leaves a 2-slot one to two jobs, where
+    the most free memory (or the lowest index, among equal cards) gave it a 2-slot card and
+    idled a slot for its whole run. Where its peak is unknown, the most free memory still
+    comes first: the cards with fewer slots are often those that something else shares."""
+    if job.predicted_mib is None or not tier_of(job).exclusive:
+        return rank_key
+    allowed = job.allowed
+    return lambda g: (allowed.get(g.index, 0), *rank_key(g))
+
+
 def occupy(gpu: GpuSlotView, job: QueuedJob) -> GpuSlotView:
     """``gpu`` after ``job`` was placed on it."""
     return replace(
@@ -536,14 +551,17 @@ def placement_reason(
     details = [_free_text(chosen), f"{chosen.running}/{job.allowed[chosen.index]} slots used"]
     if job.predicted_mib is not None:
         details.append(f"needs ~{gib(job.predicted_mib)}")
-    text = f"GPU {chosen.index}: {_why_best(chosen, others, avoided)} ({', '.join(details)})"
+    text = f"GPU {chosen.index}: {_why_best(job, chosen, others, avoided)} ({', '.join(details)})"
     return text + (f"; GPU {avoided} avoided (its last attempt failed there)" if avoided is not None else "")
 
 
-def _why_best(chosen: GpuSlotView, others: Sequence[GpuSlotView], avoided: int | None) -> str:
+def _why_best(job: QueuedJob, chosen: GpuSlotView, others: Sequence[GpuSlotView], avoided: int | None) -> str:
     if not others:
         return "the only other GPU that fits" if avoided is not None else "the only GPU that fits"
-    runner_up = min(others, key=rank_key)
+    key = rank_for(job)
+    runner_up = min(others, key=key)
+    if key is not rank_key and job.allowed[chosen.index] < job.allowed[runner_up.index]:
+        return "fewest slots to idle (its tier runs alone)"
     if chosen.usable_mib is not None and (
         runner_up.usable_mib is None or chosen.usable_mib > runner_up.usable_mib
     ):
