@@ -506,10 +506,16 @@ def rank_for(job: QueuedJob) -> Callable[[GpuSlotView], tuple[object, ...]]:
     the most free memory (or the lowest index, among equal cards) gave it a 2-slot card and
     idled a slot for its whole run. Where its peak is unknown, the most free memory still
     comes first: the cards with fewer slots are often those that something else shares."""
-    if job.predicted_mib is None or not tier_of(job).exclusive:
+    if not fewest_slots_first(job):
         return rank_key
     allowed = job.allowed
     return lambda g: (allowed.get(g.index, 0), *rank_key(g))
+
+
+def fewest_slots_first(job: QueuedJob) -> bool:
+    """True when ``job`` prefers the card with the fewest slots in its plan (:func:`rank_for`;
+    a card drained for it, :func:`memory.choose_holds`, alike): an exclusive tier, a known peak."""
+    return job.predicted_mib is not None and tier_of(job).exclusive
 
 
 def occupy(gpu: GpuSlotView, job: QueuedJob) -> GpuSlotView:
@@ -558,9 +564,8 @@ def placement_reason(
 def _why_best(job: QueuedJob, chosen: GpuSlotView, others: Sequence[GpuSlotView], avoided: int | None) -> str:
     if not others:
         return "the only other GPU that fits" if avoided is not None else "the only GPU that fits"
-    key = rank_for(job)
-    runner_up = min(others, key=key)
-    if key is not rank_key and job.allowed[chosen.index] < job.allowed[runner_up.index]:
+    runner_up = min(others, key=rank_for(job))
+    if fewest_slots_first(job) and job.allowed[chosen.index] < job.allowed[runner_up.index]:
         return "fewest slots to idle (its tier runs alone)"
     if chosen.usable_mib is not None and (
         runner_up.usable_mib is None or chosen.usable_mib > runner_up.usable_mib
