@@ -5,6 +5,7 @@ same run:
     python benchmarks/placement.py --seeds 4,7,11,1,2,3,5,6 --policy gpusched
     python benchmarks/placement.py --seeds 4,7,11,1,2,3,5,6 --policy gpusched --second-night
     python benchmarks/placement.py --seeds 4,7,11,1,2,3,5,6 --policy gpusched --from-history
+    python benchmarks/placement.py --seeds 4,7,11,1,2,3,5,6 --policy gpusched --gpu-plan 2,2,2,2,1,1,1
 
 ``--seeds`` runs several traces and prints one line per seed and policy, with makespan / lower
 bound to three places, and each policy's mean over the seeds (how docs/placement-rounds.md
@@ -29,7 +30,8 @@ command reads a queue (``memwatch.records``: peaks, OOMs, run times by task) and
 the measured night's store before it starts (``sim.Simulation.history``). Same noise seed for
 both nights; the history is that first night's, not another one's.
 
-The machine is seed 004's: 7 x 24 GiB cards, 2 jobs per card (``--gpu-plan 2,2,2,2,2,2,2``).
+The machine is seed 004's: 7 x 24 GiB cards, 2 jobs per card (``--gpu-plan 2,2,2,2,2,2,2``, the
+default; another plan gives the cards other caps).
 The suite is 120 GLA-1.3B LoRA fine-tunes (8 GLUE-like tasks x 15 seeds) with the spread of
 peaks the seeds report (tier A: 6-15 GiB; one long-passage task, 26 GiB, fits a card only
 from tier B on), durations of 15-90 min, and three outside processes (an X server, a
@@ -126,6 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--trace-out", help="also write the trace (JSON, `gpusched simulate --trace` reads it)")
     ap.add_argument("--seeds", help="several trace seeds, comma separated: one line each and the mean")
+    ap.add_argument(
+        "--gpu-plan",
+        default=",".join(["2"] * GPUS),
+        help=f"slots per card on the {GPUS} cards (default: 2 each), e.g. 2,2,2,2,1,1,1",
+    )
     ap.add_argument("--policy", action="append", choices=sim.POLICIES, help="only this policy (repeatable)")
     ap.add_argument(
         "--second-night",
@@ -146,12 +153,18 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     policies = args.policy or list(sim.POLICIES)
     prior = 1 if args.second_night else 0
+    try:
+        slots = tuple(int(n) for n in args.gpu_plan.split(","))
+        if len(slots) != GPUS or min(slots) < 0:
+            raise ValueError
+    except ValueError:
+        ap.error(f"--gpu-plan {args.gpu_plan!r}: give {GPUS} slot counts, one per card, e.g. 2,2,2,2,1,1,1")
+    plan = GpuPlan(gpus=tuple(range(GPUS)), slots=slots)
     if args.seeds:
-        return _seeds([int(s) for s in args.seeds.split(",")], policies, prior, args.from_history)
+        return _seeds([int(s) for s in args.seeds.split(",")], policies, plan, prior, args.from_history)
     trace = e1_trace(args.seed)
     if args.trace_out:
         Path(args.trace_out).write_text(sim.trace_to_json(trace))
-    plan = GpuPlan(gpus=tuple(range(GPUS)), slots=(2,) * GPUS)
     results, took = [], {}
     for name in policies:
         t0 = time.monotonic()
@@ -162,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     r0 = results[0]
     print(
-        f"{r0.jobs} jobs, {r0.gpus} x 24 GiB, 2 per card; lower bound {hours(r0.lower_bound_s)};"
+        f"{r0.jobs} jobs, {r0.gpus} x 24 GiB, plan {args.gpu_plan}; lower bound {hours(r0.lower_bound_s)};"
         f" seed {args.seed}"
         + ("; the second night (one before it in the store)" if prior else "")
         + ("; from the first night's history" if args.from_history else "")
@@ -247,11 +260,12 @@ def night(
     )
 
 
-def _seeds(seeds: list[int], policies: list[str], prior: int = 0, from_history: bool = False) -> int:
+def _seeds(
+    seeds: list[int], policies: list[str], plan: GpuPlan, prior: int = 0, from_history: bool = False
+) -> int:
     """One line per seed and policy, then each policy's mean makespan / lower bound (of the
     second night with ``prior`` 1, of the night from the first one's history with
     ``from_history``)."""
-    plan = GpuPlan(gpus=tuple(range(GPUS)), slots=(2,) * GPUS)
     ratios: dict[str, list[float]] = {name: [] for name in policies}
     which = " (second night)" if prior else " (from history)" if from_history else ""
     for seed in seeds:
