@@ -445,13 +445,14 @@ def _fits_empty(job: QueuedJob, gpu: int, room_mib: Mapping[int, int]) -> bool:
 
 
 def _hold_target(job: QueuedJob, views: Sequence[GpuSlotView], room_mib: Mapping[int, int]) -> int | None:
-    """The card to drain for ``job``: at an exclusive tier with a known peak, the one with the
-    fewest slots in its plan (:func:`placement.fewest_slots_first`: it idles them all); not
+    """The card to drain for ``job``: at an exclusive tier with a learned peak, the one with
+    the fewest slots in its plan (:func:`placement.fewest_slots_first`: it idles them all); not
     one it would take alone where another fits; then the most room emptied, so that what it
     leaves beside it takes another job (a 13 GiB job leaves 8.6 GiB on a 24 GiB card, 2.6 on
-    one with someone's 6 GiB notebook, where the other slot would idle for its whole run); then the fewest of our jobs to wait for. Ranked by our jobs
-    first, the notebook's card, whose second slot is the one most often empty, got the hold of
-    every job over a slot's share of every card. Most room first took 80 E1-like seeds from
+    one with someone's 6 GiB notebook, where the other slot would idle for its whole run);
+    then the fewest of our jobs to wait for. Ranked by our jobs first, the notebook's card,
+    whose second slot is the one most often empty, got the hold of every job over a slot's
+    share of every card. Most room first took 80 E1-like seeds from
     1.1189 to 1.1136 x the lower bound, and to 1.1093 with :func:`placement.guess_waits`."""
     fits = [g for g in views if _fits_empty(job, g.index, room_mib) and g.index != job.avoid_gpu]
     if not fits:

@@ -19,7 +19,7 @@ Rules, checked per job and per GPU in this order (the first that fails vetoes th
 
 Among the GPUs left, the job takes the one with the most usable free memory
 (``free - reserved``; unknown sorts after known), then the fewest running jobs, then the
-lowest index; a job at an exclusive tier whose peak is known takes the card with the fewest
+lowest index; a job at an exclusive tier whose peak is learned takes the card with the fewest
 slots in its plan first (:func:`rank_for`: the slots it idles). ``avoid_gpu`` (where its
 last attempt failed) is skipped when another GPU is left.
 
@@ -500,12 +500,14 @@ def rank_key(gpu: GpuSlotView) -> tuple[bool, int, int, int]:
 
 def rank_for(job: QueuedJob) -> Callable[[GpuSlotView], tuple[object, ...]]:
     """How ``job`` ranks the cards that may take it: :func:`rank_key`, except at an exclusive
-    tier with a known peak, where the card with the fewest slots in its plan comes first. Such
-    a job idles all of its card's slots, and every card left to it fits its peak: on a plan
-    like ``2,2,2,2,1,1,1`` it takes a 1-slot card and leaves a 2-slot one to two jobs, where
-    the most free memory (or the lowest index, among equal cards) gave it a 2-slot card and
-    idled a slot for its whole run. Where its peak is unknown, the most free memory still
-    comes first: the cards with fewer slots are often those that something else shares."""
+    tier with a learned peak (:func:`fewest_slots_first`), where the card with the fewest slots
+    in its plan comes first. Such a job idles all of its card's slots, and every card left to
+    it fits its peak: on a plan like ``2,2,2,2,1,1,1`` it takes a 1-slot card and leaves a
+    2-slot one to two jobs, where the most free memory (or the lowest index, among equal cards)
+    gave it a 2-slot card and idled a slot for its whole run. Where its peak is a guess or
+    unknown, the most free memory still comes first: the cards given fewer slots are often
+    those that something else shares, and an exclusive tier is as a rule the ladder's last,
+    where an OOM fails the job."""
     if not fewest_slots_first(job):
         return rank_key
     allowed = job.allowed
@@ -514,8 +516,9 @@ def rank_for(job: QueuedJob) -> Callable[[GpuSlotView], tuple[object, ...]]:
 
 def fewest_slots_first(job: QueuedJob) -> bool:
     """True when ``job`` prefers the card with the fewest slots in its plan (:func:`rank_for`;
-    a card drained for it, :func:`memory.choose_holds`, alike): an exclusive tier, a known peak."""
-    return job.predicted_mib is not None and tier_of(job).exclusive
+    a card drained for it, :func:`memory.choose_holds`, alike): an exclusive tier, and a peak
+    learned, not a guess (``guessed``: a slot's share, a sibling's plateau)."""
+    return tier_of(job).exclusive and job.predicted_mib is not None and not job.guessed
 
 
 def occupy(gpu: GpuSlotView, job: QueuedJob) -> GpuSlotView:
@@ -564,9 +567,9 @@ def placement_reason(
 def _why_best(job: QueuedJob, chosen: GpuSlotView, others: Sequence[GpuSlotView], avoided: int | None) -> str:
     if not others:
         return "the only other GPU that fits" if avoided is not None else "the only GPU that fits"
+    if fewest_slots_first(job) and any(job.allowed[chosen.index] < job.allowed[g.index] for g in others):
+        return "fewest slots to idle (its tier runs alone)"  # (what kept it off the others with more)
     runner_up = min(others, key=rank_for(job))
-    if fewest_slots_first(job) and job.allowed[chosen.index] < job.allowed[runner_up.index]:
-        return "fewest slots to idle (its tier runs alone)"
     if chosen.usable_mib is not None and (
         runner_up.usable_mib is None or chosen.usable_mib > runner_up.usable_mib
     ):

@@ -151,6 +151,13 @@ PLACED = [
         "GPU 2: fewest slots to idle (its tier runs alone) (24.0 GiB free, 0/1 slots used, needs ~10.0 GiB)",
         id="exclusive-tier-takes-the-card-with-fewest-slots",
     ),
+    pytest.param(  # 2,2,1,1: GPUs 2 and 3 are equal, but the reason says why not 0 or 1
+        job(tier=TIER_D, allowed={0: 2, 1: 2, 2: 1, 3: 1}, predicted=10 * GIB),
+        [gpu(i, free=24, total=24) for i in range(4)],
+        2,
+        "GPU 2: fewest slots to idle (its tier runs alone)",
+        id="exclusive-tier-reason-names-the-slots-among-equal-cards",
+    ),
     pytest.param(  # less free memory there (someone's notebook), but its known peak fits
         job(tier=TIER_D, allowed={0: 2, 1: 1}, predicted=10 * GIB),
         [gpu(0, free=24, total=24), gpu(1, free=16, total=24)],
@@ -171,6 +178,13 @@ PLACED = [
         0,
         "GPU 0: most free memory",
         id="exclusive-tier-unknown-peak-takes-most-memory",
+    ),
+    pytest.param(  # a guessed peak alike: at the ladder's last tier an OOM fails the job
+        replace(job(tier=TIER_D, allowed={0: 2, 1: 1}, predicted=10 * GIB), guessed=True),
+        [gpu(0, free=24, total=24), gpu(1, free=16, total=24)],
+        0,
+        "GPU 0: most free memory",
+        id="exclusive-tier-guessed-peak-takes-most-memory",
     ),
     pytest.param(  # equal slots: the usual order, and the usual words
         job(tier=TIER_D, allowed={0: 1, 1: 1}, predicted=10 * GIB),
