@@ -21,7 +21,9 @@ from gpusched.placement import (
     gpu_views,
     headroom_mib,
     job_order,
+    occupy,
     tier_of,
+    veto,
 )
 
 GIB = 1024
@@ -675,6 +677,30 @@ def test_exclusive_is_respected(queued: list[QueuedJob], gpus: list[GpuSlotView]
         assert not card.exclusive_running
         if TIERS[placed.tier].exclusive:
             assert card.running == 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(job_lists(), gpu_lists())
+@example(  # 2,1: the 1-slot card, where the most free memory and the lowest index say card 0
+    [job("x", tier=TIER_D, allowed={0: 2, 1: 1}, predicted=GIB)],
+    [gpu(0, free=24, total=24), gpu(1, free=20, total=24)],
+)
+def test_an_exclusive_job_takes_the_card_with_fewest_slots(queued: list[QueuedJob], gpus: list[GpuSlotView]):
+    """At an exclusive tier with a learned peak, no card it could have taken at its turn has
+    fewer slots in its plan than the one it got: it idles them all. (Not its avoided card, nor
+    one it would take alone, which the first pass keeps from a job.)"""
+    views = {g.index: g for g in gpus}
+    for placed, card in replay(queued, gpus, assign(queued, gpus, headroom_frac=HEADROOM)):
+        if TIERS[placed.tier].exclusive and placed.predicted_mib is not None:
+            takes = [
+                g
+                for g in views.values()
+                if g.index != placed.avoid_gpu
+                and veto(placed, g, HEADROOM) is None
+                and not alone_on(placed, g, HEADROOM)
+            ]
+            assert all(placed.allowed[card.index] <= placed.allowed[g.index] for g in takes), placed.job_id
+        views[card.index] = occupy(card, placed)
 
 
 @settings(max_examples=150, deadline=None)
