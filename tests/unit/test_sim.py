@@ -428,3 +428,24 @@ def test_a_trace_s_util_outside_0_to_1_is_one_line_and_exit_2(
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "job a: util 90 is not a share of a card between 0 and 1" in err[0], err
+
+
+def test_the_placement_benchmark_simulates_the_plan_it_is_given(capsys: pytest.CaptureFixture[str]) -> None:
+    """``benchmarks/placement.py --gpu-plan 2,2,2,2,1,1,1``: the night runs on those caps (11
+    slots, not the default 14); a plan that does not give each of the 7 cards a count is refused
+    in one line, exit 2."""
+    import json
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from placement import main
+
+    assert main(["--seed", "4", "--policy", "static", "--gpu-plan", "2,2,2,2,1,1,1", "--json"]) == 0
+    (night,) = json.loads(capsys.readouterr().out)
+    assert night["slots"] == 11 and night["succeeded"] == 120
+    for bad in ("2,2", "2,2,2,2,1,1,x", "2,2,2,2,1,1,-1"):
+        with pytest.raises(SystemExit) as refused:
+            main(["--gpu-plan", bad])
+        assert refused.value.code == 2
+        said = capsys.readouterr().err.splitlines()[-1]
+        assert said.endswith(f"--gpu-plan {bad!r}: give 7 slot counts, one per card, e.g. 2,2,2,2,1,1,1")
