@@ -367,10 +367,7 @@ def test_the_pairs_of_a_night_account_for_every_card_hour(results: dict[str, sim
     """``benchmarks/placement.py --pairs``: what ran together, alone, or nothing, on each card
     from the night's start to its end, adds up to the cards times the makespan; two big jobs,
     which cannot share a card at tier A, are never shown together there."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from placement import pair_mix
+    pair_mix = _placement_benchmark().pair_mix
 
     night = results["gpusched"]
     pairs, alone, idle = pair_mix(night)
@@ -434,11 +431,7 @@ def test_the_placement_benchmark_simulates_the_plan_it_is_given(capsys: pytest.C
     """``benchmarks/placement.py --gpu-plan 2,2,2,2,1,1,1``: the night runs on those caps (11
     slots, not the default 14); a plan that does not give each of the 7 cards a count is refused
     in one line, exit 2."""
-    import json
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from placement import main
+    main = _placement_benchmark().main
 
     assert main(["--seed", "4", "--policy", "static", "--gpu-plan", "2,2,2,2,1,1,1", "--json"]) == 0
     (night,) = json.loads(capsys.readouterr().out)
@@ -449,3 +442,14 @@ def test_the_placement_benchmark_simulates_the_plan_it_is_given(capsys: pytest.C
         assert refused.value.code == 2
         said = capsys.readouterr().err.splitlines()[-1]
         assert said.endswith(f"--gpu-plan {bad!r}: give 7 slot counts, one per card, e.g. 2,2,2,2,1,1,1")
+
+
+def _placement_benchmark() -> Any:
+    """``benchmarks/placement.py`` as a module (the benchmarks are scripts, not a package)."""
+    import importlib
+    import sys
+
+    where = str(Path(__file__).resolve().parents[2] / "benchmarks")
+    if where not in sys.path:
+        sys.path.insert(0, where)
+    return importlib.import_module("placement")
