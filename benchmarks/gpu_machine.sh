@@ -65,7 +65,7 @@ if [ -d .before/gpusched ]; then
         PYTHONPATH=$PWD/${tree#now}:/tmp/site TMPDIR=/dev/shm python3 benchmarks/bench_dispatch.py \
         --only "gpusched (subprocess),gpusched (tmux),task-spooler,GNU parallel"; done; done'
 fi
-part gpu_checks 270 bash benchmarks/gpu_checks.sh "$steps"
+part gpu_checks 360 bash benchmarks/gpu_checks.sh "$steps"
 part dispatch 150 env TMPDIR=/dev/shm python3 benchmarks/bench_dispatch.py --repeat $rounds
 # three rounds of plain processes in turn: wrappers forked by the runner (the default) and each
 # started on its own (GPUSCHED_RUNNER=0, as before stop 40; benchmarks/README.md, "Stop 40")
