@@ -23,10 +23,15 @@
 # first_launch.txt, refill.txt, status.txt, status_suites.txt, idle_nvml.txt,
 # refill_listing.txt) as it goes, so what ran before a time limit is kept.
 # About 10 minutes on 16 cores and an H200, where a command of the lent machine may run 10 and a
-# session has 15 in all, its start included: run it as two commands, each a list of parts,
-#   PARTS="gpu_checks dispatch runner first_launch" bash benchmarks/gpu_machine.sh OUT_DIR
-#   PARTS="in_turn refill status status_suites idle_nvml refill_listing" bash benchmarks/gpu_machine.sh OUT_DIR
-# (without PARTS, every part), the second only if time is left.
+# session has 15 in all, its start included: run it as two commands. PARTS="a b" runs those parts in
+# this script's order, so the first command calls it twice to put the aims before the GPU
+# checks (stop 61: 505 s, six files under OUT_DIR, of the 8 a call brings back):
+#   PARTS="dispatch status status_suites idle_nvml" bash benchmarks/gpu_machine.sh OUT_DIR 4;
+#     PARTS=gpu_checks bash benchmarks/gpu_machine.sh OUT_DIR 4
+# then, on the still-warm machine (it goes back after 30 s idle), the rest (stop 61: 104 s without
+# runner and in_turn):
+#   PARTS="refill first_launch refill_listing runner in_turn" bash benchmarks/gpu_machine.sh OUT_DIR
+# (without PARTS, every part).
 set -u
 out=${1:?usage: gpu_machine.sh OUT_DIR [STEPS]}
 steps=${2:-4}
