@@ -206,7 +206,7 @@ def status(
         # a running job's entry is completed from keys that may not be among ``fields``
         full = status_rows.job_entries(store, now=now, predictions=(), suites=suites, state="running")
         narrowed = {
-            job_id: json.dumps({k: d[k] for k in keys})
+            job_id: _entry_text({k: d[k] for k in keys})
             for (_, job_id, _), d in zip(
                 full, map(json.loads, _complete_running(full, running, now, read_table)), strict=True
             )
@@ -242,8 +242,14 @@ def _complete_running(
     if running is not None and docs:
         running(docs)
     for i, d in zip(at, docs, strict=True):
-        entries[i] = json.dumps(d)
+        entries[i] = _entry_text(d)
     return entries
+
+
+def _entry_text(d: dict[str, Any]) -> str:
+    """A completed entry written as SQLite writes every other one (no spaces, characters as they
+    are), so that ``status --json | grep '"state":"running"'`` finds the running jobs too."""
+    return json.dumps(d, separators=(",", ":"), ensure_ascii=False)
 
 
 def _add_suspended(docs: list[dict[str, Any]], read_table: Callable[[], list[procfs.Entry]]) -> None:

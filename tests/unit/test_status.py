@@ -111,6 +111,22 @@ def test_status_json_is_the_status_document_as_text(tmp_path: Path) -> None:
     assert all(j["last_line"] is None for j in doc["jobs"] if j["state"] != "running")
 
 
+def test_every_entry_is_written_alike_so_a_grep_finds_the_running_jobs_too(tmp_path: Path) -> None:
+    """``status --json | grep '"state":"running"'`` finds the running jobs as it finds the others:
+    their entries, completed in Python, are written as SQLite writes the rest (no spaces,
+    characters as they are), with ``--fields`` too."""
+    box = busy_box(tmp_path)
+    (Path(box.attempt("E1/0-rte").dir) / "output.log").write_text("step 4/9 loss 0.5 ✓\n")
+    args = {"daemon": None, "now": box.now, "trees": box._trees, "host": box.host}
+    for fields in (None, ("id", "state", "last_line")):
+        text = status(box.store, box.probe.snapshot(), fields=fields, **args).text()  # type: ignore[arg-type]
+        jobs = json.loads(text)["jobs"]
+        assert "running" in {j["state"] for j in jobs}
+        for state in {j["state"] for j in jobs}:
+            assert text.count(f'"state":"{state}"') == sum(j["state"] == state for j in jobs), (fields, state)
+        assert '"last_line":"step 4/9 loss 0.5 ✓"' in text
+
+
 def test_a_job_that_waits_out_a_backoff_says_until_when(tmp_path: Path) -> None:
     """A job requeued after a wait (a retried error, a full disk, the network) said "in 300 s",
     and nobody reading status later knew from when: its reason now says until when, in the
