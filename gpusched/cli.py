@@ -10,6 +10,7 @@ gpus/drain/daemon/simulate/report in :mod:`gpusched.cli_tools`, what they share 
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
 import functools
 import json
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None, *, early: Starting | None = None) -> int
         parser.print_help()
         return 2
     _import_msgspec_alone()  # (after the parse: --version and --help need none of it)
+    _stdout_for(args)
     try:
         return int(args.func(args) or 0)
     except GpuschedError as e:
@@ -67,6 +69,31 @@ def main(argv: list[str] | None = None, *, early: Starting | None = None) -> int
         return 130
     except BrokenPipeError:  # `gpusched status | head`
         return 0
+
+
+def _stdout_for(args: argparse.Namespace) -> None:
+    """stdout where its encoding cannot write every character (a Latin-1 or ASCII locale,
+    ``PYTHONIOENCODING=ascii``) while a job's line or log holds one (a progress bar's ``█``):
+    JSON and CSV go out as UTF-8 all the same, as JSON is exchanged (RFC 8259); text shows
+    such a character as ``?``. Either way, no traceback."""
+    out = sys.stdout
+    try:
+        if codecs.lookup(out.encoding).name == "utf-8":
+            return
+        json_, csv = getattr(args, "json", None), getattr(args, "csv", None)
+        machine = json_ is True or "-" in (json_, csv) or getattr(args, "fields", None) is not None
+        out.reconfigure(**({"encoding": "utf-8"} if machine else {"errors": "replace"}))  # type: ignore[union-attr]
+    except (AttributeError, LookupError, TypeError, ValueError):
+        pass  # not a stream of the interpreter's own (a test's capture): left as it is
+
+
+def _writes(text: str) -> bool:
+    """Whether stdout's encoding can write ``text``."""
+    try:
+        text.encode(sys.stdout.encoding or "utf-8")
+    except (LookupError, UnicodeEncodeError):
+        return False
+    return True
 
 
 def _at_least(low: float, kind: type[int] | type[float]) -> Callable[[str], Any]:
@@ -798,9 +825,18 @@ def cmd_status(args: argparse.Namespace) -> int:
         # the table: the suites of the last day of work, unless --suite or --all says otherwise
         suites, earlier = (None, []) if args.suite or args.all else recent_suites(store, states=states)
         doc = _status_doc(args, store, rows, states, suites if earlier else None)
-        return format_status(doc, max_jobs=rows, states=states, earlier=earlier, width=width, color=color)
+        return format_status(
+            doc,
+            max_jobs=rows,
+            states=states,
+            earlier=earlier,
+            width=width,
+            color=color,
+            ascii_only=ascii_only,
+        )
 
     width, color = terminal()
+    ascii_only = not _writes("┏━┃│")
     if not args.watch:
         print(show())
         return 0

@@ -439,10 +439,12 @@ def format_status(
     max_jobs: int | None = MAX_TABLE_JOBS,
     states: Collection[str] | None = None,
     earlier: Sequence[SuiteActivity] = (),
+    ascii_only: bool = False,
 ) -> str:
     """The status as text for a terminal ``width`` columns wide (None: as wide as the tables
     are, one line a row): daemon line, GPU table, job table, with ANSI colours when ``color``,
-    and a line summing up the ``earlier`` suites that ``doc`` leaves out.
+    and a line summing up the ``earlier`` suites that ``doc`` leaves out. ``ascii_only``: the
+    tables boxed in ASCII, for an output that cannot write the box-drawing characters.
     Tables that do not fit shrink their widest columns first and wrap their cells; a job's id
     is cut last, so that it can still be copied into ``attach`` or ``logs``."""
 
@@ -451,6 +453,7 @@ def format_status(
             return text
         return f"\x1b[{';'.join(_SGR[w] for w in style.split())}m{text}\x1b[0m"
 
+    box = BOXES[ascii_only]
     out: list[str] = []
     d = doc["daemon"]
     if d:
@@ -495,7 +498,7 @@ def format_status(
             out.append(paint(line, "bold red"))
     if doc["gpus"]:
         heads = ["GPU", "memory used / total GiB", "free GiB", "util", "slots", "outside processes"]
-        out += _table("GPUs", heads, [_gpu_cells(g) for g in doc["gpus"]], width, paint)
+        out += _table("GPUs", heads, [_gpu_cells(g) for g in doc["gpus"]], width, paint, box=box)
     counts = {k: n for k, n in doc["counts"].items() if states is None or k in states}
     total = sum(counts.values())
     shown = _pick_rows(doc["jobs"], max_jobs)
@@ -503,7 +506,7 @@ def format_status(
     title = f"Jobs ({total})" if states is None else f"Jobs ({total} {', '.join(states)})"
     older = _earlier(earlier, states)
     if shown:
-        out += _table(title, heads, [_job_cells(j) for j in shown], width, paint, fold_last=0)
+        out += _table(title, heads, [_job_cells(j) for j in shown], width, paint, fold_last=0, box=box)
     elif states is not None:
         out.append(f"no {' or '.join(states)} jobs" + (" in the last day" if older else ""))
     elif not earlier:
@@ -584,6 +587,17 @@ def _job_cells(j: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
+#: A table's box: the top rule, the head's bar, the rule under the head, the body's bar and the
+#: bottom rule (each rule: left, fill, between columns, right).
+Box = tuple[tuple[str, str, str, str], str, tuple[str, str, str, str], str, tuple[str, str, str, str]]
+#: The boxes, by whether the output can write only ASCII: rich's heavy head and light body, or
+#: its ASCII look-alike.
+BOXES: dict[bool, Box] = {
+    False: (("┏", "━", "┳", "┓"), "┃", ("┡", "━", "╇", "┩"), "│", ("└", "─", "┴", "┘")),
+    True: (("+", "-", "+", "+"), "|", ("+", "=", "+", "+"), "|", ("+", "-", "+", "+")),
+}
+
+
 def _table(
     title: str,
     heads: Sequence[str],
@@ -592,9 +606,10 @@ def _table(
     paint: Any,
     *,
     fold_last: int | None = None,
+    box: Box = BOXES[False],
 ) -> list[str]:
-    """A titled table boxed as rich draws one (heavy head, light body), as lines, at most
-    ``width`` columns wide (None: as wide as its cells)."""
+    """A titled table boxed as rich draws one (heavy head, light body; ``box``), as lines, at
+    most ``width`` columns wide (None: as wide as its cells)."""
     heads = [_clean(h) for h in heads]
     rows = [[(_clean(text), style) for text, style in row] for row in rows]
     columns = list(zip(heads, *([t for t, _ in r] for r in rows), strict=True))
@@ -621,12 +636,13 @@ def _table(
     def rule(left: str, fill: str, mid: str, right: str) -> str:
         return left + mid.join(fill * (w + 2) for w in widths) + right
 
-    lines = [paint(title, "italic"), rule("┏", "━", "┳", "┓")]
-    lines += line([(h, "bold") for h in heads], "┃", bottom=True)
-    lines.append(rule("┡", "━", "╇", "┩"))
+    top, head_bar, under_head, bar, bottom = box
+    lines = [paint(title, "italic"), rule(*top)]
+    lines += line([(h, "bold") for h in heads], head_bar, bottom=True)
+    lines.append(rule(*under_head))
     for row in rows:
-        lines += line(row, "│")
-    lines.append(rule("└", "─", "┴", "┘"))
+        lines += line(row, bar)
+    lines.append(rule(*bottom))
     return lines
 
 

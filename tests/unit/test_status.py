@@ -478,6 +478,37 @@ def test_a_narrow_terminal_cuts_every_other_column_before_a_job_id(tmp_path: Pat
         assert all(len(ln) <= width for ln in lines if ln[:1] in "┏┃┡│└")
 
 
+def test_an_output_that_cannot_write_a_jobs_characters_gets_utf8_json_and_an_ascii_table(
+    tmp_path: Path,
+) -> None:
+    """Where stdout's encoding cannot write a character a job's log holds (a Latin-1 or ASCII
+    locale, ``PYTHONIOENCODING=ascii``; a tqdm bar's ``█``): ``status --json`` still writes the
+    JSON, as UTF-8; the table is boxed in ASCII and shows such a character as ``?``; ``logs``
+    likewise. Never a traceback."""
+    box = busy_box(tmp_path)
+    (Path(box.attempt("E1/0-rte").dir) / "output.log").write_text("step 4/9 ██▌ grün\n", encoding="utf-8")
+    box.store.close()
+    (tmp_path / "home").mkdir()
+    (tmp_path / "gs.db").rename(tmp_path / "home" / "gpusched.db")
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "GPUSCHED_FAKE_GPUS")}
+    env.update(GPUSCHED_HOME=str(tmp_path / "home"), PYTHONIOENCODING="ascii")
+
+    def gs(*args: str) -> str:
+        argv = [sys.executable, "-m", "gpusched", *args]
+        r = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, timeout=60)
+        assert r.returncode == 0 and b"Traceback" not in r.stderr, (args, r.stderr.decode(errors="replace"))
+        return r.stdout.decode("utf-8")
+
+    for args in (("status", "--json"), ("status", "--fields", "id,last_line")):
+        jobs = {j["id"]: j for j in json.loads(gs(*args))["jobs"]}
+        assert jobs["E1/0-rte"]["last_line"] == "step 4/9 ██▌ grün", args
+    table = gs("status")
+    assert table.isascii() and "| E1/0-rte " in table and "step 4/9 ??? gr?n" in table
+    assert "\n+===" in table  # the rule under the head, as rich's ASCII box draws it
+    logs = gs("logs", "E1/0-rte")
+    assert logs.isascii() and "step 4/9 ??? gr?n" in logs
+
+
 def test_status_into_a_pipe_keeps_each_job_on_one_line(tmp_path: Path) -> None:
     """``gpusched status | grep qnli`` finds the job's whole row: out of a terminal and
     without COLUMNS the tables are as wide as their cells."""
