@@ -182,11 +182,22 @@ def load_trace(path: str | Path) -> Trace:
     other tiers from :func:`ladder_profiles`. ``util`` (a tier's, or the job's for every
     tier; default 0): the share of its card's time a run keeps busy alone, e.g. 0.9 for a
     compute-bound trainer; cards whose jobs want more than all of it run them slower."""
-    import yaml
+    from gpusched.matrix import JOB_NAME_RE
+    from gpusched.yamlfields import read_yaml  # (JSON is YAML: one reader, one line per mistake)
 
-    raw = yaml.safe_load(Path(path).read_text())
+    raw = read_yaml(Path(path), f"--trace {path}", strict=False)
     jobs = []
+    names: set[str] = set()
     for j in raw.get("jobs", []):
+        name = str(j["name"])  # a folder's name in the replay, as a plan's job's is
+        if not JOB_NAME_RE.fullmatch(name):
+            raise ValueError(
+                f"job name {name!r}: use letters, digits and _ . + = - (starting with a letter or"
+                " digit, at most 80 characters), as in a plan"
+            )
+        if name in names:
+            raise ValueError(f"job name {name!r} is given twice: each job needs a name of its own")
+        names.add(name)
         if "tiers" in j:
             profiles = tuple(TierProfile(**_numbers(t, ints=("peak_mib",))) for t in j["tiers"])
         else:
@@ -201,7 +212,7 @@ def load_trace(path: str | Path) -> Trace:
                     f"job {j['name']}: util {p.util:g} is not a share of a card between 0 and 1"
                     f" (0.9 for a run that keeps its card 90 % busy)"
                 )
-        jobs.append(TraceJob(name=str(j["name"]), task=str(j.get("task", j["name"])), tiers=profiles))
+        jobs.append(TraceJob(name=name, task=str(j.get("task", name)), tiers=profiles))
     outsiders = tuple(Outsider(**_numbers(o, ints=("gpu", "mib", "pid"))) for o in raw.get("outsiders", []))
     return Trace(jobs=tuple(jobs), outsiders=outsiders, noise=float(raw.get("noise", 0.03)))
 

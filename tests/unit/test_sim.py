@@ -427,6 +427,41 @@ def test_a_trace_s_util_outside_0_to_1_is_one_line_and_exit_2(
     assert len(err) == 1 and "job a: util 90 is not a share of a card between 0 and 1" in err[0], err
 
 
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("jobs: [\n", "t.yaml:2:1: not valid YAML"),
+        ("[1, 2]\n", "not a trace ('list' object has no attribute 'get')"),
+        ("jobs:\n  - {name: a, duration_s: 60}\n", "a job has no 'peak_mib'"),
+        ("jobs:\n  - {peak_mib: 9000, duration_s: 60}\n", "a job has no 'name'"),
+        ("jobs:\n  - {name: a/b, peak_mib: 9000, duration_s: 60}\n", "job name 'a/b': use letters, digits"),
+        ("jobs:\n" + "  - {name: a, peak_mib: 9000, duration_s: 60}\n" * 2, "job name 'a' is given twice"),
+    ],
+)
+def test_a_trace_that_is_not_one_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, said: str
+) -> None:
+    """``simulate --trace``: malformed YAML, a job without a figure it needs, a job's name that
+    cannot name a folder, or one given twice: one line saying which, exit 2, no traceback."""
+    trace = tmp_path / "t.yaml"
+    trace.write_text(text)
+    plan = Path(__file__).resolve().parents[2] / "plans" / "demo.yaml"
+    argv = [
+        "simulate",
+        "--suite",
+        str(plan),
+        "--gpu-plan",
+        "1",
+        "--fake-gpus",
+        "1x24GiB",
+        "--trace",
+        str(trace),
+    ]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"gpusched: --trace {trace}") and said in err[0], err
+
+
 def test_the_placement_benchmark_simulates_the_plan_it_is_given(capsys: pytest.CaptureFixture[str]) -> None:
     """``benchmarks/placement.py --gpu-plan 2,2,2,2,1,1,1``: the night runs on those caps (11
     slots, not the default 14); a plan that does not give each of the 7 cards a count is refused
