@@ -184,7 +184,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         sim.simulate(trace, gplan, totals, policy=n, suite=suite, seed=args.seed, history=warm) for n in names
     ]
     if args.plot:
-        plot.timeline(results[0].report, args.plot, title=f"{suite.name}, simulated ({results[0].label})")
+        try:
+            plot.timeline(results[0].report, args.plot, title=f"{suite.name}, simulated ({results[0].label})")
+        except OSError as e:  # a folder that cannot be made, a read-only disk, a full one
+            raise UsageError(
+                f"--plot {args.plot}: cannot write it ({e.strerror or e}); give another path"
+            ) from None
     if args.json:
         print(json.dumps([r.as_dict() for r in results]))
         return 0

@@ -28,3 +28,16 @@ def test_simulate_plot_with_a_bad_extension_is_one_line(gs_home: Path, project: 
         "simulate", "--suite", "E1", "--gpu-plan", "2", "--plot", str(tmp_path / "x.gif"), cwd=project
     )
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_simulate_plot_to_a_path_that_cannot_be_written_is_one_line(
+    gs_home: Path, project: Path, tmp_path: Path
+) -> None:
+    """A folder that is a file (or a read-only or full disk): one line naming the path, exit 2,
+    as `report --plot` says it; not a traceback after the night was simulated."""
+    (tmp_path / "a-file").write_text("")
+    out = tmp_path / "a-file" / "whatif.png"
+    r = run_cli("simulate", "--suite", "E1", "--gpu-plan", "2", "--plot", str(out), cwd=project)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith(f"gpusched: --plot {out}: cannot write it") and "give another path" in line
