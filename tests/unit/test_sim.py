@@ -404,29 +404,6 @@ def test_jobs_that_keep_their_card_busy_slow_each_other_down(
     assert r.lower_bound_s == pytest.approx(bound_s)  # the card's busy time bounds it too
 
 
-def test_a_trace_s_util_outside_0_to_1_is_one_line_and_exit_2(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """90 for 90 % would make every job 90x slower without a word."""
-    trace = tmp_path / "t.json"
-    trace.write_text(json.dumps({"jobs": [{"name": "a", "peak_mib": 9000, "duration_s": 900, "util": 90}]}))
-    plan = Path(__file__).resolve().parents[2] / "plans" / "demo.yaml"
-    argv = [
-        "simulate",
-        "--suite",
-        str(plan),
-        "--gpu-plan",
-        "1",
-        "--fake-gpus",
-        "1x24GiB",
-        "--trace",
-        str(trace),
-    ]
-    assert cli.main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "job a: util 90 is not a share of a card between 0 and 1" in err[0], err
-
-
 @pytest.mark.parametrize(
     ("text", "said"),
     [
@@ -436,13 +413,19 @@ def test_a_trace_s_util_outside_0_to_1_is_one_line_and_exit_2(
         ("jobs:\n  - {peak_mib: 9000, duration_s: 60}\n", "a job has no 'name'"),
         ("jobs:\n  - {name: a/b, peak_mib: 9000, duration_s: 60}\n", "job name 'a/b': use letters, digits"),
         ("jobs:\n" + "  - {name: a, peak_mib: 9000, duration_s: 60}\n" * 2, "job name 'a' is given twice"),
+        # 90 for 90 % would make every job 90x slower without a word (JSON: YAML reads it too)
+        (
+            json.dumps({"jobs": [{"name": "a", "peak_mib": 9000, "duration_s": 900, "util": 90}]}),
+            "job a: util 90 is not a share of a card between 0 and 1",
+        ),
     ],
 )
 def test_a_trace_that_is_not_one_is_one_line_and_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, said: str
 ) -> None:
     """``simulate --trace``: malformed YAML, a job without a figure it needs, a job's name that
-    cannot name a folder, or one given twice: one line saying which, exit 2, no traceback."""
+    cannot name a folder, or one given twice, a util that is no share of a card: one line
+    saying which, exit 2, no traceback."""
     trace = tmp_path / "t.yaml"
     trace.write_text(text)
     plan = Path(__file__).resolve().parents[2] / "plans" / "demo.yaml"
