@@ -53,6 +53,7 @@ def show(value: Any, limit: int = 60) -> str:
 
 def type_name(value: Any) -> str:
     names = {dict: "a mapping", list: "a list", str: "text", bool: "true/false", type(None): "empty"}
+    names |= {int: "a number", float: "a number"}  # ("got a int" before)
     return names.get(type(value), f"a {type(value).__name__}")
 
 

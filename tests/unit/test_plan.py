@@ -214,7 +214,8 @@ def test_unknown_keys_suggest(tmp_path: Path, extra: str, where: str, suggestion
     ("extra", "needles"),
     [
         ("env: [A]\n", ("env: must be a mapping", "got a list")),
-        ("config: 3\n", ("config: must be a mapping",)),
+        ("config: 3\n", ("config: must be a mapping", "got a number")),
+        ("tiers: 5\n", ("tiers: must be a list of 1 to 8 tiers", "got a number")),
         ("retry: {errors: two}\n", ("retry.errors: must be a whole number >= 0", "'two'")),
         ("retry: {backoff_s: -1}\n", ("retry.backoff_s: must be a number >= 0",)),
         ("tiers: {A: {}}\n", ("tiers: must be a list of 1 to 8 tiers",)),
