@@ -181,10 +181,10 @@ def read_yaml(path: Path, shown: str, *, strict: bool) -> Any:
     try:
         return yaml.load(content, Loader=_PlanLoader if strict else _SafeLoader)  # both loaders are safe
     except yaml.YAMLError as exc:
-        raise _yaml_error(shown, exc) from None
+        raise _yaml_error(shown, exc, content) from None
 
 
-def _yaml_error(shown: str, exc: yaml.YAMLError) -> PlanError:
+def _yaml_error(shown: str, exc: yaml.YAMLError, content: str) -> PlanError:
     mark = getattr(exc, "problem_mark", None)
     where = f"{shown}:{mark.line + 1}:{mark.column + 1}" if mark else shown
     problem = getattr(exc, "problem", None) or str(exc)
@@ -194,7 +194,17 @@ def _yaml_error(shown: str, exc: yaml.YAMLError) -> PlanError:
     fix = f"check indentation, colons and quotes near {line}"
     if "appears twice" in what:
         fix = "keep one of them (merge their contents)"
+    elif "\t" in _up_to(content, mark):
+        fix = f"YAML indents with spaces, not tabs: replace the tab on {line}"  # (an editor's default)
     return one_line(f"{where}: not valid YAML: {what}; {fix}")
+
+
+def _up_to(content: str, mark: Any) -> str:
+    """The line of ``content`` that ``mark`` points into, up to and including its column."""
+    if mark is None:
+        return ""
+    lines = content.splitlines()
+    return lines[mark.line][: mark.column + 1] if mark.line < len(lines) else ""
 
 
 # --------------------------------------------------------------------------- config and env

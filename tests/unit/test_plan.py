@@ -171,6 +171,15 @@ def test_malformed_yaml_names_file_and_line(tmp_path: Path) -> None:
     assert msg.startswith("plans/s.yaml:4:") or msg.startswith("plans/s.yaml:3:")
 
 
+def test_a_tab_in_the_indentation_is_named_as_such(tmp_path: Path) -> None:
+    """An editor that indents with a tab: libyaml says only "found character that cannot start
+    any token"; the line says it is the tab, and on which line."""
+    body = "command: python t.py --config {config}\njobs:\n\t- name: a\n"
+    load_error(
+        tmp_path, body, "plans/s.yaml:3:", "not valid YAML", "YAML indents with spaces, not tabs", "line 3"
+    )
+
+
 def test_duplicate_yaml_keys_are_errors(tmp_path: Path) -> None:
     load_error(
         tmp_path, MINIMAL + "config: {a: 1}\nconfig: {b: 2}\n", "plans/s.yaml:7:", "'config' appears twice"
