@@ -52,8 +52,15 @@ def show(value: Any, limit: int = 60) -> str:
 
 
 def type_name(value: Any) -> str:
-    names = {dict: "a mapping", list: "a list", str: "text", bool: "true/false", type(None): "empty"}
-    names |= {int: "a number", float: "a number"}  # ("got a int" before)
+    names = {
+        dict: "a mapping",
+        list: "a list",
+        str: "text",
+        bool: "true/false",
+        int: "a number",
+        float: "a number",
+        type(None): "empty",
+    }
     return names.get(type(value), f"a {type(value).__name__}")
 
 
