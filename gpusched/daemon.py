@@ -32,6 +32,9 @@ log = logger(__name__)  # logging is imported on first use (status logs nothing)
 
 #: Seconds between SIGTERM and SIGKILL when a running job is cancelled (tests set it low).
 CANCEL_GRACE_ENV = "GPUSCHED_CANCEL_GRACE_S"
+#: How much daemon.log says: a logging level's name (DEBUG shows every placement's reasons).
+LOG_ENV = "GPUSCHED_LOG"
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _LOCK_WAIT_S = 2.0
 
 
@@ -423,10 +426,16 @@ def run(
     # up the stack), thread or process names, none of which the format shows
     logging._srcfile = None
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
-    logging.basicConfig(
-        level=os.environ.get("GPUSCHED_LOG", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    raw_level, bad_level = os.environ.get(LOG_ENV, "").strip() or "INFO", None
+    try:
+        level = _parse_log_level(raw_level)
+    except ValueError:  # (a daemon started without check_env: said once it can log)
+        level, bad_level = "INFO", raw_level
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if bad_level is not None:
+        log.warning(
+            "%s=%r is not a logging level (%s); using INFO", LOG_ENV, bad_level, ", ".join(_LOG_LEVELS)
+        )
     stopping = False
 
     def _stop(signum: int, _frame: Any) -> None:
@@ -547,6 +556,14 @@ def _cancel_grace_s() -> float:
     return Settings().cancel_grace_s
 
 
+def _parse_log_level(raw: str) -> str:
+    """``GPUSCHED_LOG``: a logging level's name, in any case."""
+    level = raw.strip().upper()
+    if level not in _LOG_LEVELS:
+        raise ValueError(raw)
+    return level
+
+
 def _parse_grace(raw: str) -> float:
     value = float(raw)
     if not value >= 0:  # negative, or NaN
@@ -579,6 +596,7 @@ ENV_SETTINGS = (
         "auto, reuse or job (job: a tmux window for each job)",
         "auto",
     ),
+    (LOG_ENV, "gpusched.daemon:_parse_log_level", f"a logging level ({', '.join(_LOG_LEVELS)})", "INFO"),
 )
 
 

@@ -388,6 +388,7 @@ def test_a_disk_too_full_for_the_night_holds_launches_and_status_says_where(
         ("GPUSCHED_CANCEL_GRACE_S", "-1"),
         ("GPUSCHED_RUNNER", "fast"),
         ("GPUSCHED_TMUX_PANES", "slot"),
+        ("GPUSCHED_LOG", "verbose"),
     ],
 )
 def test_a_bad_setting_in_the_environment_is_refused_before_anything_is_queued(

@@ -864,7 +864,7 @@ def test_submit_checks_the_daemon_s_settings_importing_only_those_that_are_set(
 
     names = [name for name, *_ in daemon.ENV_SETTINGS]
     read = [memwatch.HOST_MIN_ENV, disk.DISK_MIN_ENV, daemon.CANCEL_GRACE_ENV, plain.RUNNER_ENV]
-    assert names == [*read, tmux_reuse.PANES_ENV]
+    assert names == [*read, tmux_reuse.PANES_ENV, daemon.LOG_ENV]
     for _, where, _, _ in daemon.ENV_SETTINGS:
         module, _, function = where.partition(":")
         assert callable(getattr(sys.modules[module], function))
@@ -877,6 +877,7 @@ def test_submit_checks_the_daemon_s_settings_importing_only_those_that_are_set(
         daemon.CANCEL_GRACE_ENV: daemon._cancel_grace_s(),
         plain.RUNNER_ENV: True,  # (SubprocessExecutor's default: env_setting(..., True))
         tmux_reuse.PANES_ENV: tmux_reuse.panes_wanted({}),
+        daemon.LOG_ENV: "INFO",  # (logging.basicConfig's level in run_daemon)
     }
     for name, where, _, default in daemon.ENV_SETTINGS:
         assert daemon._parser(where)(default) == unset[name], name
