@@ -62,7 +62,8 @@ SCRIPT = (
     '[ -r "$1" ] && . "$1"\n'
     'cd "$2" 2>/dev/null || cd "${HOME:-/}" || cd /\n'  # its workdir gone: the notice still goes
     'export GPUSCHED_EVENT="$3" GPUSCHED_SUITE="$4" GPUSCHED_JOB_ID="$5" GPUSCHED_MESSAGE="$6"\n'
-    'eval "$7"\n'
+    '(eval "$7")\n'  # (in a subshell: an `exit 3` of its own ends it, not this script)
+    'rc=$?; [ "$rc" = 0 ] || echo "(the notify command exited $rc)"\n'  # a hook that fails says so
 )
 
 

@@ -91,6 +91,24 @@ def test_the_command_gets_the_notice_in_variables_in_the_workdir(tmp_path: Path)
     retry_until(lambda: notifier.check() == [] and not notifier.children)  # ended, and reaped: no zombie
 
 
+def test_a_command_that_fails_says_so_in_notify_log(tmp_path: Path) -> None:
+    """A hook that cannot tell anyone (`notify-send` not installed, a webhook's curl that fails)
+    leaves its exit status in notify.log under the notice, beside what it printed: a person
+    who heard nothing all night finds out why."""
+    box = night(tmp_path, command="echo trying; no-such-notifier-here; exit 3")
+    (tmp_path / "home").mkdir()
+    home = Home(tmp_path / "home")
+    notifier = notify.Notifier(box.store, home, spawn=proc.spawn)
+    box.tick()
+    box.ex.finish(box.ex.token_of("E1/0-qnli"), exit_code=1, output="boom\n")
+    box.tick()
+    assert len(notifier.check()) == 1
+    retry_until(lambda: notifier.check() == [] and not notifier.children)
+    logged = home.notify_log.read_text().splitlines()
+    assert logged[0].endswith("failed E1: E1/0-qnli failed: boom") and logged[1] == "trying"
+    assert "no-such-notifier-here" in logged[2] and logged[-1] == "(the notify command exited 3)"
+
+
 def test_a_suite_whose_working_directory_is_gone_is_still_told_so(tmp_path: Path, monkeypatch: Any) -> None:
     """Its jobs wait for the folder, and that is the news: the command runs in the home
     directory instead of not at all (it exited at its `cd`)."""
