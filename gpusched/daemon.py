@@ -32,7 +32,7 @@ log = logger(__name__)  # logging is imported on first use (status logs nothing)
 
 #: Seconds between SIGTERM and SIGKILL when a running job is cancelled (tests set it low).
 CANCEL_GRACE_ENV = "GPUSCHED_CANCEL_GRACE_S"
-#: How much daemon.log says: a logging level's name (DEBUG shows every placement's reasons).
+#: How much daemon.log says: a logging level's name (INFO by default, DEBUG for more).
 LOG_ENV = "GPUSCHED_LOG"
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _LOCK_WAIT_S = 2.0
