@@ -141,15 +141,16 @@ def resolve_jobs(store: Store, patterns: list[str]) -> list[str]:
 
 def terminal() -> tuple[int | None, bool]:
     """Columns to lay tables out in and whether to colour: ``COLUMNS``, else the terminal's
-    width, else (output into a pipe or a file) None, the tables' own width, so that every row
-    stays one line for ``grep``; colour on a terminal unless ``NO_COLOR`` or ``TERM=dumb``, or
-    always with ``FORCE_COLOR``."""
+    width (80 where it says 0), else (output into a pipe or a file) None, the tables' own
+    width, so that every row stays one line for ``grep``; colour on a terminal unless
+    ``NO_COLOR`` or ``TERM=dumb``, or always with ``FORCE_COLOR``."""
     tty = sys.stdout.isatty()
     try:
         width: int | None = int(os.environ.get("COLUMNS", ""))
     except ValueError:
         try:
-            width = os.get_terminal_size(sys.stdout.fileno()).columns if tty else None
+            # (a terminal of no size, as `script` or some consoles give, says 0: taken as 80)
+            width = (os.get_terminal_size(sys.stdout.fileno()).columns or 80) if tty else None
         except (OSError, ValueError):
             width = 80
     env = os.environ

@@ -5,6 +5,7 @@ light (no rich, yaml, psutil or NVML on its path)."""
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import subprocess
@@ -464,6 +465,28 @@ def test_a_failed_jobs_line_is_shown_once(tmp_path: Path) -> None:
     doc["jobs"][1].update(state="failed", outcome="error", reason="exited 1", line="ValueError: bad lr")
     text = format_status(doc, width=None)
     assert text.count(said) == 1 and "[error] exited 1: ValueError: bad lr" in text
+
+
+@pytest.mark.parametrize(("columns", "width"), [(0, 80), (120, 120), (12, 20)])
+def test_a_terminal_of_no_size_lays_the_tables_out_in_80_columns(
+    monkeypatch: pytest.MonkeyPatch, columns: int, width: int
+) -> None:
+    """A terminal that says it has 0 columns (`script`, some consoles and editors' shells) got
+    tables 20 columns wide, every word on a line of its own; it now gets 80, as Python's
+    ``shutil.get_terminal_size`` falls back to. A terminal's own width is kept (20 at the least)."""
+    from gpusched import cli_common
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+        def fileno(self) -> int:
+            return 1
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setattr(sys, "stdout", Tty())
+    monkeypatch.setattr(os, "get_terminal_size", lambda fd: os.terminal_size((columns, 0)))
+    assert cli_common.terminal()[0] == width
 
 
 def test_a_narrow_terminal_cuts_every_other_column_before_a_job_id(tmp_path: Path) -> None:
