@@ -12,7 +12,9 @@ which plain ``status`` leaves out and names in one line; ``--past-suites K``: K 
 (a store that kept many nights of suites: ``--jobs 200 --past-suites 245`` is 10,000 jobs in
 246 suites, as a few months of 40-job nights leave it). ``--peaks``: every ended run reports
 its peak GPU memory, as on a GPU, so the queued jobs' predictions read that history (the
-suites' jobs are all one task: its whole history). No daemon runs; the probe is 16
+suites' jobs are all one task: its whole history). The ended jobs' entries are then written
+into the store as a daemon writes them within seconds of each end (gpusched.entries), and
+status reads those rather than build them. No daemon runs; the probe is 16
 fake GPUs, but for one more row of the plain ``status`` with the real NVML probe (what a
 user's command loads; on a machine without a GPU it finds no driver and says so). ``--fields
 id,state`` is the JSON a script that needs only those keys asks for. ``python -c pass`` and
@@ -112,6 +114,10 @@ def fill(
                 step=Step(kind=StepKind.FAIL if bad else StepKind.DONE, tier=0, reason="bench"),
                 now=now - 300,
             )
+    if hasattr(store, "write_entries"):  # (a --before tree may not keep them)
+        # what the daemon does once a tick launched nothing (every 5 s at the least): an ended
+        # job's status entry is in the store seconds after it ended
+        store.write_entries(limit=None)
     store.close()
 
 

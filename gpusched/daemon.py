@@ -36,6 +36,10 @@ CANCEL_GRACE_ENV = "GPUSCHED_CANCEL_GRACE_S"
 LOG_ENV = "GPUSCHED_LOG"
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _LOCK_WAIT_S = 2.0
+#: The ended jobs' ``status --json`` entries that their triggers marked due (gpusched.entries) are
+#: written after a tick that launched nothing, and at least this often in a night that launches
+#: at every tick: a burst of short jobs is not slowed for them (status builds what is not written).
+ENTRIES_S = 5.0
 
 
 # --------------------------------------------------------------------------- clients
@@ -477,13 +481,13 @@ def run(
         "daemon %s ready (probe %s, cancel grace %.1f s)", os.getpid(), probe.name, settings.cancel_grace_s
     )
     notifier = Notifier(store, home)
-    last_sample = last_published = 0.0
+    last_sample = last_published = last_entries = 0.0
     failures = 0
     try:
         while not stopping:
             now = time.time()
             try:
-                sched.tick(now)
+                report = sched.tick(now)
                 failures = 0
             except Exception:
                 # Never die of one bad tick (a full disk, a locked database, a backend
@@ -497,6 +501,12 @@ def run(
                 notifier.check()
             except Exception:  # telling the user is a nicety; never let it stop scheduling
                 log.exception("notify: could not read what happened")
+            if not report.launched or now - last_entries >= ENTRIES_S:
+                try:
+                    store.write_entries()
+                except Exception:  # status builds what is not written: never stop scheduling for it
+                    log.exception("could not write the ended jobs' status entries; status builds them")
+                last_entries = now
             if now - last_published >= interval_s:
                 _publish(home, sched.last_snapshot, probe.notice(), now)
                 last_published = now

@@ -158,9 +158,6 @@ ADDED_TABLES: dict[str, str] = {
         last_at REAL NOT NULL,
         out_since REAL
     )""",
-    # the processes the daemon saw on an attempt's card: how `status` still knows them as the
-    # attempt's once they have exited while the driver still lists them, releasing their memory
-    # (no /proc entry is left to read by then); keyed by pid, the lookup
     # jobs queued again to start over (`submit --rerun`, a retry of a success), and when: the
     # run a job is in began then, else when it was submitted. A checkpoint older than its run is
     # another run's, never resumed from (a retry of a failed or cancelled job continues its run)
@@ -168,11 +165,21 @@ ADDED_TABLES: dict[str, str] = {
         job_id TEXT PRIMARY KEY,
         at REAL NOT NULL
     ) WITHOUT ROWID""",
+    # the processes the daemon saw on an attempt's card: how `status` still knows them as the
+    # attempt's once they have exited while the driver still lists them, releasing their memory
+    # (no /proc entry is left to read by then); keyed by pid, the lookup
     "gpu_pids": """(
         pid INTEGER NOT NULL,
         attempt_id INTEGER NOT NULL REFERENCES attempts(id),
         PRIMARY KEY (pid, attempt_id)
     ) WITHOUT ROWID""",
+    # each ended job's `status --json` entry, as SQLite wrote it, and the ended jobs whose entry is
+    # still to be written (gpusched.entries: triggers keep both true, the daemon writes the due)
+    "ended_entries": """(
+        seq INTEGER PRIMARY KEY REFERENCES jobs(seq),
+        entry TEXT NOT NULL
+    )""",
+    "entries_due": "(seq INTEGER PRIMARY KEY REFERENCES jobs(seq))",
 }
 
 SCHEMA += "".join(f"CREATE TABLE IF NOT EXISTS {name} {cols};\n" for name, cols in ADDED_TABLES.items())

@@ -10,6 +10,7 @@ from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from gpusched.entries import ENTRY_FIELDS, PREDICTION_FIELDS, TIER_FIELDS, entry_object
 from gpusched.errors import StoreError
 from gpusched.store import suite_filter
 
@@ -33,70 +34,17 @@ _KIND = (
 #: index) rather than copied into a temporary table first, where SQLite takes the hint (3.35+).
 _NOT_MATERIALIZED = "NOT MATERIALIZED " if sqlite3.sqlite_version_info >= (3, 35) else ""
 
-#: A job's tier past its suite's last (a plan that lost tiers): the last one's row (its ``idx`` -1),
-#: looked up only then (coalesce stops at the first value); the tier of its own index is a key lookup.
-_LAST_TIER = "FROM temp.shown_tier l WHERE l.suite = j.suite AND l.idx = -1"
-
-#: The keys of a ``status --json`` job entry (views.py documents them), in order, each with the
-#: SQL that builds it from a job and its newest attempt (``a``), the tier names of its suite
-#: (``t``) and, for a queued job, its group's prediction (``p``). ``last_line``, ``quiet_s`` and
-#: ``suspended`` (a running job's last log line, how long ago its log last grew, and its
-#: stopped processes) are filled in by the caller; ``slurm`` carries a Slurm attempt's job
-#: id. A job's tier past its suite's last (a plan that lost tiers) shows the last one's name.
-ENTRY_FIELDS: dict[str, str] = {
-    "id": "j.id",
-    "suite": "j.suite",
-    "name": "j.name",
-    "state": "j.state",
-    "tier": f"coalesce(t.name, (SELECT name {_LAST_TIER}), CAST(j.tier AS TEXT))",
-    "tier_index": "j.tier",
-    "attempt": "j.attempts",
-    "gpu": "a.gpu",
-    "outcome": "j.outcome",
-    # a queued job that waits out a backoff (a retried error, a full disk, the network) says until
-    # when: "requeued ... in 300 s" does not say from when (the clock is the machine's, as Python's)
-    "reason": "CASE WHEN j.state = 'queued' THEN coalesce(nullif(j.wait_reason, ''), j.reason)"
-    " || CASE WHEN j.not_before > :now"
-    " THEN ' (waits until ' || strftime('%H:%M:%S', j.not_before, 'unixepoch', 'localtime') || ')'"
-    " ELSE '' END ELSE j.reason END",
-    "line": "j.line",
-    "log": "a.dir || '/output.log'",
-    "runtime_s": "CASE WHEN j.state != 'queued' AND a.started_at"
-    " THEN round(coalesce(a.ended_at, :now) - a.started_at, 1) END",
-    "started_at": "a.started_at",
-    "ended_at": "j.ended_at",
-    "predicted_mib": "CASE WHEN p.suite IS NULL THEN a.predicted_mib ELSE p.mib END",
-    "prediction_source": "CASE WHEN p.suite IS NULL THEN a.prediction_source ELSE p.source END",
-    "peak_mib": "a.peak_mib",
-    # json('true') is a constant SQLite computes once per query, not a parse per job
-    "cancel_requested": "CASE WHEN j.cancel_requested THEN json('true') ELSE json('false') END",
-    "backend_handle": "json(a.handle)",
-    "tiers": f"coalesce(t.n, (SELECT n {_LAST_TIER}), 1)",
-    "start_tier": "p.start_tier",
-    "last_line": "NULL",
-    "quiet_s": "NULL",
-    "suspended": "NULL",
-    # why gpusched is stopping a running job at a suite limit (a lookup for running jobs only)
-    "stopping": "CASE WHEN j.state = 'running'"
-    " THEN (SELECT s.reason FROM stops s WHERE s.attempt_id = a.id) END",
-    "slurm": "CASE WHEN json_extract(a.handle, '$.slurm_job_id') IS NOT NULL"
-    " THEN json_object('job_id', json_extract(a.handle, '$.slurm_job_id')) END",
-}
 #: A group of queued jobs that share a prediction: suite, task, tier, and the job's id for a job
 #: that ran (its own group), ``''`` for all that never did; then the group's kind (:data:`_KIND`).
 Group = tuple[str, str, int, str, str]
 #: A group's prediction as the entries join it: the group's first four fields, then the predicted
 #: MiB, its source and the tier its jobs would start at.
 PredictedGroup = tuple[str, str, int, str, int | None, str, str]
-#: The entry keys that come from a queued job's predicted kind: without them no prediction is made.
-PREDICTION_FIELDS = frozenset({"predicted_mib", "prediction_source", "start_tier"})
-#: The entry keys read from the suite's tiers (``t``).
-TIER_FIELDS = frozenset({"tier", "tiers"})
 
 
 def _entry(fields: Sequence[str]) -> str:
     """SQLite's json_object of ``fields`` (keys of :data:`ENTRY_FIELDS`), in that order."""
-    return "json_object(" + ", ".join(f"'{k}', {ENTRY_FIELDS[k]}" for k in fields) + ")"
+    return entry_object(fields)
 
 
 def queued_kinds(
@@ -171,6 +119,7 @@ def job_entries(
     state: str | None = None,
     limit: int | None = None,
     fields: Sequence[str] = tuple(ENTRY_FIELDS),
+    kept: bool = False,
 ) -> list[tuple[str, str | None, str]]:
     """``(state, id, entry)`` per job (of ``suites``, in ``state``; the first ``limit``), in
     submission order (``id`` for running jobs only: the caller completes their entries),
@@ -178,7 +127,9 @@ def job_entries(
     :data:`ENTRY_FIELDS`), built by SQLite: a 10k-job store lists in the time one query
     takes, with no Python object per field. The tiers' names come from :func:`show_tiers`,
     called first; ``predictions`` gives each group of queued jobs its prediction
-    (:data:`PredictedGroup`)."""
+    (:data:`PredictedGroup`). ``kept``: the store keeps every ended job's entry as this gpusched
+    writes it (:attr:`Store.entries_kept <gpusched.store.Store.entries_kept>`); then an ended
+    job's whole entry is read as it was kept, not built again."""
     db = store.db
     db.execute(
         "CREATE TEMP TABLE IF NOT EXISTS shown_prediction (suite TEXT, task TEXT, tier INTEGER, id TEXT,"
@@ -190,17 +141,24 @@ def job_entries(
     # transaction (a lookup in attempts(job_id, n), no MAX subquery per job)
     # (SQLite leaves out the attempts join where no field reads it; the temp tables' joins are
     # left out here where no field reads them: ~13 ms of 10k jobs even unread)
-    sql = f"SELECT j.state, CASE WHEN j.state = 'running' THEN j.id END, {_entry(fields)} FROM jobs j"
-    sql += " LEFT JOIN attempts a ON a.job_id = j.id AND a.n = j.attempts"
+    joins = " LEFT JOIN attempts a ON a.job_id = j.id AND a.n = j.attempts"
     if TIER_FIELDS.intersection(fields):
-        sql += " LEFT JOIN temp.shown_tier t ON t.suite = j.suite AND t.idx = j.tier"
+        joins += " LEFT JOIN temp.shown_tier t ON t.suite = j.suite AND t.idx = j.tier"
     if PREDICTION_FIELDS.intersection(fields):
         # by columns: a kind built per job (a string, and whether its task ran) cost 2x
-        sql += (
+        joins += (
             " LEFT JOIN temp.shown_prediction p ON j.state = 'queued' AND p.suite = j.suite"
             " AND p.task = j.task AND p.tier = j.tier"
             " AND p.id = (CASE WHEN j.attempts > 0 THEN j.id ELSE '' END)"
         )
+    entry = _entry(fields)
+    if kept and tuple(fields) == tuple(ENTRY_FIELDS) and state not in ("queued", "running"):
+        # the kept entry (a rowid lookup) where there is one; else built in a subquery of this
+        # job's own, which SQLite runs only then: joins in the outer query cost each job
+        built = f"(SELECT {entry} FROM (SELECT 1){joins})"
+        entry = f"coalesce((SELECT e.entry FROM ended_entries e WHERE e.seq = j.seq), {built})"
+        joins = ""
+    sql = f"SELECT j.state, CASE WHEN j.state = 'running' THEN j.id END, {entry} FROM jobs j{joins}"
     where, args = [], dict[str, Any](now=now)
     if suites is not None:
         named = {f"suite{i}": name for i, name in enumerate(sorted(suites))}

@@ -156,6 +156,7 @@ def status(
             state=state,
             limit=limit,
             fields=keys,
+            kept=store.entries_kept,
         )
     live = store.live_attempts()
     running_on = Counter(a.gpu for a in live if a.gpu is not None)

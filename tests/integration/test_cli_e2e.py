@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -95,6 +96,13 @@ def test_submit_wait_status_logs(gs_home: Path, project: Path, backend: str) -> 
     assert logs.returncode == 0 and "CUDA out of memory" in logs.stdout + logs.stderr
     done = run_cli("logs", "1-sst2", cwd=project)  # a bare name works when unambiguous
     assert "done: steps=6" in done.stdout
+    # once it has nothing left to launch, the daemon writes every ended job's entry into the store,
+    # and status reads those instead of building them: the same entries
+    db = sqlite3.connect(f"file:{Home(gs_home).db}?mode=ro", uri=True)
+    retry_until(lambda: db.execute("SELECT COUNT(*) FROM ended_entries").fetchone()[0] == len(jobs))
+    assert db.execute("SELECT COUNT(*) FROM entries_due").fetchone()[0] == 0
+    db.close()
+    assert by_id(status(project)) == jobs
     if reused:  # 8 attempts of seconds, 3 at a time: no more windows than that were opened
         sock = str(Home(gs_home).tmux_socket)
         shown = subprocess.run(["tmux", "-S", sock, "list-windows", "-a"], capture_output=True, text=True)
