@@ -127,6 +127,11 @@ def _ended(row: str) -> str:
     return "(" + " OR ".join(f"{row}.state = {s}" for s in ENDED[1:-1].split(", ")) + ")"
 
 
+def _tiers(spec: str) -> str:
+    """A suite's tiers (names and all) as JSON text, NULL where its spec is not JSON."""
+    return f"CASE WHEN json_valid({spec}) THEN json_extract({spec}, '$.tiers') END"
+
+
 #: The columns of a job (``j``) and of its attempt (``a``) that an ended job's entry reads, or that
 #: decide whether it is kept: the triggers fire on updates of these only. A statement that sets
 #: none (the waits the daemon writes for hundreds of queued jobs a tick) runs no trigger program
@@ -139,7 +144,9 @@ ATTEMPT_COLUMNS += ("predicted_mib", "prediction_source")
 #: deletes the entries it makes stale and marks those jobs due (``entries_due``), for the daemon
 #: to write again (:meth:`gpusched.store.Store.write_entries`) when it is not busy launching: a
 #: job that ends, or changes once ended (a retry takes its entry away); a change to an ended
-#: attempt (a peak recorded late, a handle); a suite submitted again (its tiers' names). Their
+#: attempt (a peak recorded late, a handle); a suite submitted again with other tiers (before the
+#: row is replaced: the old one's are still there to compare, and the entries are written after,
+#: from the new). Their
 #: bodies stay this small on purpose: SQLite sets up a trigger's whole program each time it
 #: fires, and a body that wrote the entry itself cost the daemon ~430,000 instructions a job
 #: that ended (a burst's tick 14 % longer).
@@ -153,7 +160,8 @@ TRIGGERS: dict[str, str] = {
     " WHEN OLD.state = 'exited'"
     " BEGIN DELETE FROM ended_entries WHERE seq = (SELECT seq FROM jobs WHERE id = NEW.job_id);"
     " INSERT OR IGNORE INTO entries_due (seq) SELECT seq FROM jobs WHERE id = NEW.job_id; END",
-    "ended_entry_suite": "CREATE TRIGGER ended_entry_suite AFTER INSERT ON suites"
+    "ended_entry_suite": "CREATE TRIGGER ended_entry_suite BEFORE INSERT ON suites"
+    f" WHEN {_tiers('NEW.spec')} IS NOT (SELECT {_tiers('spec')} FROM suites WHERE name = NEW.name)"
     " BEGIN DELETE FROM ended_entries WHERE seq IN (SELECT seq FROM jobs WHERE suite = NEW.name);"
     " INSERT OR IGNORE INTO entries_due (seq)"
     f" SELECT seq FROM jobs WHERE suite = NEW.name AND state IN {ENDED}; END",
