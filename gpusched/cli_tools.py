@@ -86,9 +86,13 @@ def _enable_gpus(text: str) -> int:
     daemon.wake(_home())
     for g in back:
         print(f"GPU {g} is back in service: jobs are placed on it again")
-    for g in wanted or ():
-        if g not in back:
-            print(f"GPU {g} was not out of service")
+    missed = [g for g in wanted or () if g not in back]
+    if missed:  # (a typo: say which are out, so that 7 for 1 shows)
+        left = sorted(store.gpus_out())
+        named, listed = ", ".join(map(str, left)), ",".join(map(str, left))
+        also = f"GPU {named} {'is' if len(left) == 1 else 'are'}: `gpusched gpus --enable {listed}`"
+        for g in missed:
+            print(f"GPU {g} was not out of service ({also if left else 'none is'})")
     if wanted is None and not back:
         print("no GPU was out of service")
     return 0

@@ -562,10 +562,13 @@ def test_a_broken_gpu_goes_out_of_service_and_does_not_take_the_queue_down(
 
     bad = run_cli("gpus", "--enable", "one", cwd=project)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--enable 'one'" in bad.stderr
+    # a typo (3 for 1) does nothing, and says which GPU is out of service
+    typo = run_cli("gpus", "--enable", "3", cwd=project, check=True)
+    assert typo.stdout == "GPU 3 was not out of service (GPU 1 is: `gpusched gpus --enable 1`)\n"
     r = run_cli("gpus", "--enable", "1,3", cwd=project, check=True)
     assert r.stdout.splitlines() == [
         "GPU 1 is back in service: jobs are placed on it again",
-        "GPU 3 was not out of service",
+        "GPU 3 was not out of service (none is)",
     ]
     assert store(gs_home).gpus_out() == {}
 
