@@ -92,6 +92,17 @@ def test_every_kept_entry_is_the_one_status_builds_whatever_happened_since(tmp_p
     assert read == built
 
 
+def test_status_reads_the_kept_text_as_it_is(tmp_path: Path) -> None:
+    """Not a second build that happens to agree: what ``ended_entries`` holds is what status
+    shows, and only for the ended jobs."""
+    box = night(tmp_path)
+    box.store.write_entries()
+    box.store.db.execute("UPDATE ended_entries SET entry = json_object('kept', seq)")
+    jobs = box.status()["jobs"]
+    assert sorted(j["kept"] for j in jobs if "kept" in j) == sorted(ended_seqs(box.store))
+    assert sum("kept" not in j for j in jobs) == 15  # queued and running: built
+
+
 def test_a_store_no_gpusched_with_kept_entries_wrote_is_read_as_before_and_caught_up(tmp_path: Path) -> None:
     """An older gpusched's database (no triggers, no tables): status opened read-only builds every
     entry; the next read-write open puts the triggers in and marks every ended job due."""
