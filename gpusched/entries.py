@@ -106,17 +106,27 @@ def entry_object(fields: Sequence[str], sql: dict[str, str] = ENTRY_FIELDS) -> s
 
 
 #: The ended jobs' entries as the database keeps them: every ended job ``j`` (by ``seq``) with its
-#: entry, but for those status must build at every call: a job whose newest attempt has not
+#: entry (``+j.state``: the jobs asked of are found by ``seq``, not among every ended job by the
+#: state's index, a walk that would grow with the store), but for those status must build at
+#: every call: a job whose newest attempt has not
 #: ended (none should be ended then; a later change to that attempt would fire no trigger), or
 #: started and never recorded an end (its run time is the clock's), and one whose tier is below
 #: 0 or whose handle or suite is not JSON (one bad row must not stop every other's write).
 KEEP = (
     f"SELECT j.seq, {entry_object(list(ENDED_FIELDS), ENDED_FIELDS)} FROM jobs j"
     " LEFT JOIN attempts a ON a.job_id = j.id AND a.n = j.attempts"
-    f" WHERE j.state IN {ENDED} AND j.tier >= 0 AND (a.state IS NULL OR a.state = 'exited')"
+    f" WHERE +j.state IN {ENDED} AND j.tier >= 0 AND (a.state IS NULL OR a.state = 'exited')"
     " AND (coalesce(a.started_at, 0) = 0 OR a.ended_at IS NOT NULL)"
     " AND json_valid(coalesce(a.handle, 'null'))"
     f" AND json_valid(coalesce((SELECT s.spec {_SUITE}), '{{}}'))"
+)
+
+
+#: What the daemon runs to write the due entries up to a job (``?``: its ``seq``): the jobs come
+#: from ``entries_due`` by rowid, the cost that of the entries written (:data:`KEEP`).
+WRITE_DUE = (
+    f"INSERT OR REPLACE INTO ended_entries (seq, entry) {KEEP}"
+    " AND j.seq IN (SELECT seq FROM entries_due WHERE seq <= ?)"
 )
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from gpusched import codec
-from gpusched.entries import DEFINITION, ENDED, KEEP, TRIGGERS
+from gpusched.entries import DEFINITION, ENDED, TRIGGERS, WRITE_DUE
 from gpusched.errors import GpuschedError, StoreError, UsageError
 from gpusched.model import (
     Classification,
@@ -279,10 +279,7 @@ class Store:
                 f"SELECT COUNT(*), MAX(seq) FROM (SELECT seq FROM entries_due{take})"
             ).fetchone()
             if n:
-                due = "SELECT seq FROM entries_due WHERE seq <= ?"
-                self.db.execute(
-                    f"INSERT OR REPLACE INTO ended_entries (seq, entry) {KEEP} AND j.seq IN ({due})", (last,)
-                )
+                self.db.execute(WRITE_DUE, (last,))
                 self.db.execute("DELETE FROM entries_due WHERE seq <= ?", (last,))
         return int(n)
 

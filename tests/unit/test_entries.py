@@ -181,6 +181,16 @@ def test_the_waits_a_tick_writes_run_no_trigger_and_a_move_builds_no_list(tmp_pa
         assert " IN (" not in sql.split(" BEGIN ")[0], sql
 
 
+def test_writing_the_due_entries_reads_those_jobs_not_every_ended_one(tmp_path: Path) -> None:
+    """The daemon writes a few entries at a time: each write must look the due jobs up by
+    ``seq``, not walk every ended job the store holds (a cost that grew with months of nights)."""
+    store = Store(tmp_path / "gs.db")
+    select = entries.WRITE_DUE[entries.WRITE_DUE.index("SELECT") :]
+    plan = [row[3] for row in store.db.execute("EXPLAIN QUERY PLAN " + select, (1,))]
+    assert any(d.startswith("SEARCH j USING INTEGER PRIMARY KEY") for d in plan), plan
+    assert not any("jobs_state" in d for d in plan), plan
+
+
 def test_an_entry_that_cannot_be_built_is_left_to_status_and_the_others_are_written(tmp_path: Path) -> None:
     """One ended attempt whose handle is not JSON (a hand edit) must not keep every other entry
     from being written: the writer leaves that one out."""
