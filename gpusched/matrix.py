@@ -21,6 +21,8 @@ from gpusched.errors import did_you_mean
 from gpusched.model import JobSpec
 
 JOB_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+=-]{0,79}")
+#: :data:`JOB_NAME_RE` in words, as a refused name is told it (a plan's, a simulated trace's).
+JOB_NAME_RULE = "use letters, digits and _ . + = - (starting with a letter or digit, at most 80 characters)"
 VAR_RE = yf.ENV_KEY_RE  # matrix variable names: usable as {placeholders}
 MAX_MATRIX_JOBS = 10_000
 LITERAL_BRACES = "write {{ and }} for a literal brace"
@@ -207,7 +209,7 @@ def _check_job_name(w: yf.Where, name: str, origin: str) -> None:
         what = f"is {len(name)} characters long"
     raise w.error(
         f"job name {yf.show(name)} ({origin}) {what}",
-        "use letters, digits and _ . + = - (starting with a letter or digit, at most 80 characters)",
+        JOB_NAME_RULE,
     )
 
 

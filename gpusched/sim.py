@@ -182,7 +182,7 @@ def load_trace(path: str | Path) -> Trace:
     other tiers from :func:`ladder_profiles`. ``util`` (a tier's, or the job's for every
     tier; default 0): the share of its card's time a run keeps busy alone, e.g. 0.9 for a
     compute-bound trainer; cards whose jobs want more than all of it run them slower."""
-    from gpusched.matrix import JOB_NAME_RE
+    from gpusched.matrix import JOB_NAME_RE, JOB_NAME_RULE
     from gpusched.yamlfields import read_yaml  # (JSON is YAML: one reader, one line per mistake)
 
     raw = read_yaml(Path(path), f"--trace {path}", strict=False)
@@ -191,10 +191,7 @@ def load_trace(path: str | Path) -> Trace:
     for j in raw.get("jobs", []):
         name = str(j["name"])  # a folder's name in the replay, as a plan's job's is
         if not JOB_NAME_RE.fullmatch(name):
-            raise ValueError(
-                f"job name {name!r}: use letters, digits and _ . + = - (starting with a letter or"
-                " digit, at most 80 characters), as in a plan"
-            )
+            raise ValueError(f"job name {name!r}: {JOB_NAME_RULE}, as in a plan")
         if name in names:
             raise ValueError(f"job name {name!r} is given twice: each job needs a name of its own")
         names.add(name)
