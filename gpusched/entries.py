@@ -76,7 +76,9 @@ PREDICTION_FIELDS = frozenset({"predicted_mib", "prediction_source", "start_tier
 TIER_FIELDS = frozenset({"tier", "tiers"})
 
 #: The states a job ends in: its entry no longer changes with the clock or a prediction.
-ENDED = "('succeeded', 'failed', 'cancelled')"
+ENDED_STATES = ("succeeded", "failed", "cancelled")
+#: :data:`ENDED_STATES` as an SQL list, for ``state IN {ENDED}``.
+ENDED = "(" + ", ".join(f"'{s}'" for s in ENDED_STATES) + ")"
 
 _SUITE = "FROM suites s WHERE s.name = j.suite"
 _TIERS = "json_array_length(s.spec, '$.tiers')"
@@ -134,7 +136,7 @@ def _ended(row: str) -> str:
     """Whether ``row`` (``NEW``, ``OLD``) is an ended job's, as a trigger's WHEN asks it: not with
     ``IN (...)``, whose list SQLite builds into a table again each time a trigger fires (72,000
     instructions a row, the same again as the update itself, where the WHEN said no)."""
-    return "(" + " OR ".join(f"{row}.state = {s}" for s in ENDED[1:-1].split(", ")) + ")"
+    return "(" + " OR ".join(f"{row}.state = '{s}'" for s in ENDED_STATES) + ")"
 
 
 def _tiers(spec: str) -> str:
