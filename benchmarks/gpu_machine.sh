@@ -11,9 +11,10 @@
 #   .before/  optional: an earlier tree, for the aims' dispatch rows and the night's first launch
 #          to run in turn with this one
 #          (git archive COMMIT gpusched | tar -x -C .before; echo COMMIT > .before/COMMIT)
-#   .parts/  optional: the branch experiment/status-parts (status --json's entries read in parts on
-#          a thread each), timed beside this tree in the status part
-#          (git archive experiment/status-parts gpusched | tar -x -C .parts; rebase it on this tree first)
+#   .parts/  optional: another tree timed beside this one in the two status parts: the branch
+#          experiment/status-parts (status --json's entries read in parts on a thread each; rebase it
+#          on this tree first), or the tree before a change to status (stop 63: a238f48, before the
+#          kept entries) (git archive COMMIT gpusched | tar -x -C .parts; echo COMMIT > .parts/COMMIT)
 #   .deb/  the tools compared against: (cd .deb && apt-get download task-spooler parallel tmux
 #          libevent-core-2.1-7 libutempter0); unpacked with dpkg -x into a scratch root, never /
 #
@@ -79,9 +80,10 @@ part runner 120 bash -c 'for r in 1 2 3; do for on in 1 0; do echo "GPUSCHED_RUN
 # the night's first launch (submit to the first job, no daemon running), in turn with .before/
 part first_launch 60 bash -c 'python3 benchmarks/bench_first_launch.py --rounds 8 $([ -d .before/gpusched ] && echo --before .before)'
 part refill 120 python3 benchmarks/bench_refill.py --jobs 300 --backend subprocess,tmux,tmux-job
-part status 60 bash -c 'python3 benchmarks/bench_status.py --runs 3 $([ -d .parts/gpusched ] && echo --before .parts)'
+part status 120 bash -c 'python3 benchmarks/bench_status.py --runs 3 $([ -d .parts/gpusched ] && echo --before .parts)'
 # the same 10,000 jobs in 246 suites, as months of nights leave a store (benchmarks/README.md, "Stop 53")
-part status_suites 60 python3 benchmarks/bench_status.py --runs 3 --jobs 200 --older 40 --past-suites 245
+part status_suites 120 bash -c 'python3 benchmarks/bench_status.py --runs 3 --jobs 200 --older 40 --past-suites 245 \
+    $([ -d .parts/gpusched ] && echo --before .parts)'
 # the idle daemon on the real card through NVML, 14 jobs each holding a CUDA context (fake cards
 # cannot say what NVML's calls and the real processes' attribution cost a second)
 part idle_nvml 120 python3 benchmarks/bench_idle.py --seconds 30 --real-gpus

@@ -8,8 +8,9 @@
 # .whl/   gpusched's dependencies that machine lacks, as wheels for its Python (3.12)
 # .deb/   task-spooler, GNU parallel and tmux with its libraries, unpacked there, never installed
 # .before/  with BEFORE_COMMIT (may be ''): that tree's gpusched/, timed in turn with this one
-# .parts/   with PARTS_COMMIT: that tree's gpusched/, timed beside this one by the status part (the
-#           branch experiment/status-parts, rebased on this tree: benchmarks/README.md, "Stop 58")
+# .parts/   with PARTS_COMMIT: that tree's gpusched/, timed beside this one by the two status parts
+#           (the branch experiment/status-parts rebased on this tree, benchmarks/README.md "Stop 58";
+#           or the tree before a change to status)
 # Then carry them: run(command="bash benchmarks/gpu_machine.sh $OUT 4", carry=[".whl", ".deb",
 # ".before", ".parts"]), or two commands with PARTS (gpu_machine.sh's header).
 set -eu
