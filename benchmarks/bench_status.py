@@ -35,6 +35,7 @@ user's own ``.pth`` files cost depends on what they installed; the two rows set 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import resource
 import subprocess
@@ -218,8 +219,10 @@ def main(argv: list[str] | None = None) -> int:
             "gpusched status --json, no .pth files": ([*gs_bare, "status", "--json"], bare),
             "gpusched status, no .pth files": ([*gs_bare, "status"], bare),
         }
-        if args.before:  # PYTHONPATH comes before the installed (or editable) gpusched
-            old = {**env, "PYTHONPATH": str(Path(args.before).resolve())}
+        if args.before:  # first on PYTHONPATH: before the installed (or editable) gpusched, and
+            # before the checkout a bare machine puts there, whose other folders (its wheels) stay
+            path = [str(Path(args.before).resolve()), *filter(None, [env.get("PYTHONPATH")])]
+            old = {**env, "PYTHONPATH": os.pathsep.join(path)}
             for label in ("gpusched --version", "gpusched status --json", "gpusched status"):
                 commands[f"{label} (before)"] = (commands[label][0], old)
             real_old = {**real, "PYTHONPATH": old["PYTHONPATH"]}
