@@ -13,7 +13,10 @@ RNG (after a random number of launches, plus a random few milliseconds) and brou
 alternately by ``gpusched daemon start`` and by submitting the suite again.
 
 Prints: jobs, kills, lost (attempts counted lost), duplicated (jobs that started more than
-once), never ran, wrong final states; exit 0 only when the last four are all 0.
+once), never ran, wrong final states, and what became of ``status --json``'s kept entries
+(gpusched.entries): how many the daemons kept, how many are still due, how many differ from
+what status builds (stale) and how many ended jobs have neither (lost); exit 0 only when lost,
+duplicated, never ran, wrong final states, stale and lost entries are all 0.
 """
 
 from __future__ import annotations
@@ -48,10 +51,21 @@ class Report:
     never_ran: list[str] = field(default_factory=list)
     wrong_final: list[str] = field(default_factory=list)  # not succeeded with exactly one ok attempt
     attempts: int = 0
+    entries_kept: int = 0  # ended jobs' status --json entries the daemons kept
+    entries_due: int = 0  # ended jobs whose entry is still to be written
+    entries_stale: list[str] = field(default_factory=list)  # kept, but not what status builds
+    entries_lost: list[str] = field(default_factory=list)  # ended, neither kept nor due
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.duplicated or self.never_ran or self.wrong_final)
+        return not (
+            self.lost
+            or self.duplicated
+            or self.never_ran
+            or self.wrong_final
+            or self.entries_stale
+            or self.entries_lost
+        )
 
     def text(self) -> str:
         return "\n".join(
@@ -63,6 +77,9 @@ class Report:
                 f"duplicated        {len(self.duplicated)}  {' '.join(self.duplicated[:5])}",
                 f"never ran         {len(self.never_ran)}  {' '.join(self.never_ran[:5])}",
                 f"wrong final state {len(self.wrong_final)}  {' '.join(self.wrong_final[:5])}",
+                f"status entries    {self.entries_kept} kept, {self.entries_due} due,"
+                f" {len(self.entries_stale)} stale, {len(self.entries_lost)} lost"
+                f"  {' '.join((self.entries_stale + self.entries_lost)[:5])}",
                 f"wall time         {self.seconds:.1f} s",
             ]
         )
@@ -212,6 +229,40 @@ class Chaos:
                 rep.wrong_final.append(f"{name}:{state}")
         if len(jobs) != rep.jobs:
             rep.wrong_final.append(f"{len(jobs)} jobs in the store, {rep.jobs} submitted")
+        self.check_entries(rep)
+
+    def check_entries(self, rep: Report) -> None:
+        """``status --json``'s kept entries after the kills: each one what status builds for its
+        job, text for text, and every ended job's either kept or marked due (triggers mark it in
+        the transaction that ends the job; a daemon writes it later, or the next one does)."""
+        from gpusched import status_rows
+        from gpusched.entries import ENDED
+        from gpusched.store import Store
+
+        store = Store(self.home / "gpusched.db", readonly=True)
+        try:
+            if not store.entries_kept:  # (status would read none of them: nothing to compare)
+                rep.entries_lost.append("(the store's entries are not this gpusched's)")
+                return
+            status_rows.show_tiers(store)
+            now = time.time()
+            built = status_rows.job_entries(store, now=now, predictions=())
+            read = status_rows.job_entries(store, now=now, predictions=(), kept=True)
+            pairs = zip(built, read, strict=True)
+            rep.entries_stale = [json.loads(b)["id"] for (_, _, b), (_, _, r) in pairs if b != r]
+            db = store.db
+            rep.entries_kept = db.execute("SELECT COUNT(*) FROM ended_entries").fetchone()[0]
+            rep.entries_due = db.execute("SELECT COUNT(*) FROM entries_due").fetchone()[0]
+            rep.entries_lost = [
+                row[0]
+                for row in db.execute(
+                    f"SELECT id FROM jobs j WHERE state IN {ENDED}"
+                    " AND NOT EXISTS (SELECT 1 FROM ended_entries e WHERE e.seq = j.seq)"
+                    " AND NOT EXISTS (SELECT 1 FROM entries_due d WHERE d.seq = j.seq)"
+                )
+            ]
+        finally:
+            store.close()
 
 
 def _not_zombie(pid: int) -> bool:

@@ -14,13 +14,9 @@ import importlib.util
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-
-from gpusched import status_rows
-from gpusched.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,21 +54,5 @@ def test_every_job_ends_exactly_once_while_the_daemon_is_killed(tmp_path: Path, 
     assert rep.kills == 10 and rep.restarts == 10
     assert rep.ok, rep.text()
     assert rep.attempts >= 50
-    _entries_are_true(chaos.home / "gpusched.db", jobs=50)
-
-
-def _entries_are_true(db: Path, *, jobs: int) -> None:
-    """What the killed daemons kept is what status builds, job for job, and what they owe is
-    due: one more write (the next daemon's) keeps every ended job's entry, all still equal."""
-    store = Store(db)
-    try:
-        for _ in range(2):
-            status_rows.show_tiers(store)
-            now = time.time()
-            built = [e for _, _, e in status_rows.job_entries(store, now=now, predictions=())]
-            read = [e for _, _, e in status_rows.job_entries(store, now=now, predictions=(), kept=True)]
-            assert read == built
-            store.write_entries(limit=None)
-        assert store.db.execute("SELECT COUNT(*) FROM ended_entries").fetchone()[0] == jobs
-    finally:
-        store.close()
+    # (rep.ok: no kept entry stale, none lost; and the daemons did keep some, or stale proves nothing)
+    assert rep.entries_kept > 0 and rep.entries_kept + rep.entries_due == 50, rep.text()
