@@ -115,10 +115,9 @@ def fill(
                 step=Step(kind=StepKind.FAIL if bad else StepKind.DONE, tier=0, reason="bench"),
                 now=now - 300,
             )
-    if hasattr(store, "write_entries"):  # (a --before tree may not keep them)
-        # what the daemon does once a tick launched nothing (every 5 s at the least): an ended
-        # job's status entry is in the store seconds after it ended
-        store.write_entries(limit=None)
+    # what the daemon does once a tick launched nothing (every 5 s at the least): an ended job's
+    # status entry is in the store seconds after it ended (the fill is always this checkout's)
+    store.write_entries(limit=None)
     store.close()
 
 
