@@ -137,10 +137,11 @@ class Sandbox:
                 db.close()
         raise TimeoutError(f"jobs not done within {timeout_s} s: {self.counts()}")
 
-    def stop(self) -> None:
+    def stop(self, *, cancel: bool = True) -> None:
         """Cancel what still runs (a benchmark cut short leaves its jobs), let the daemon end it
-        (for at most 30 s), then stop the daemon and the tmux server."""
-        left = self.counts() if self.db.exists() else {}
+        (for at most 30 s), then stop the daemon and the tmux server. ``cancel=False``: leave the
+        jobs as they are (a kept sandbox, whose store is looked at afterwards)."""
+        left = self.counts() if cancel and self.db.exists() else {}
         if left.get("running", 0) or left.get("queued", 0):
             with contextlib.suppress(Exception):
                 self.cli("cancel", "*", check=False, timeout=60)
@@ -204,7 +205,7 @@ def sandbox(keep: bool = False) -> Iterator[Sandbox]:
         yield sb
     finally:
         signal.signal(signal.SIGTERM, previous)
-        sb.stop()
+        sb.stop(cancel=not keep)  # (kept: the store as the benchmark left it, for commands timed by hand)
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
 
