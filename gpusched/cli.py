@@ -211,7 +211,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             help="every job of every suite in the table (else 40, running and failed first, of the suites"
             " active or ended in the last day of work)",
         )
-        s.add_argument("--watch", action="store_true", help="live dashboard until Ctrl-C")
+        s.add_argument(
+            "--watch",
+            action="store_true",
+            help="live dashboard until Ctrl-C; with --json or --fields, a document a line every second",
+        )
         s.add_argument("--interval", type=_at_least(0.1, float), default=1.0, help=argparse.SUPPRESS)
         s.set_defaults(func=cmd_status)
 
@@ -813,9 +817,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json or fields is not None:
         from gpusched.views import status
 
-        gpus, kwargs = _status_sources(args, states)
-        status(store, gpus, fields=fields, **kwargs).write(sys.stdout)
-        return 0
+        while True:  # --watch: a document a line (JSON Lines) every --interval seconds until Ctrl-C
+            gpus, kwargs = _status_sources(args, states)
+            status(store, gpus, fields=fields, **kwargs).write(sys.stdout)
+            if not args.watch:
+                return 0
+            sys.stdout.flush()  # (a pipe's reader gets each document as it is written)
+            time.sleep(args.interval)
     from gpusched.views import MAX_TABLE_JOBS, format_status, recent_suites
 
     # read only the rows the table shows: a 10k-job store costs what 40 jobs cost

@@ -8,6 +8,7 @@ import argparse
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -283,6 +284,75 @@ def test_fields_on_the_command_line(tmp_path: Path) -> None:
         r = gs("--fields", bad)
         assert r.returncode == 2 and r.stdout == "" and needle in r.stderr
         assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def _watching(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], Path]:
+    """``gpusched status --watch --interval 0.1 ARGS`` on :func:`busy_box`'s store, running,
+    its output in a pipe; and the store's path."""
+    box = busy_box(tmp_path)
+    box.store.close()
+    (tmp_path / "home").mkdir()
+    db = tmp_path / "home" / "gpusched.db"
+    (tmp_path / "gs.db").rename(db)
+    env = {k: v for k, v in os.environ.items() if k != "GPUSCHED_FAKE_GPUS"}
+    env.update(GPUSCHED_HOME=str(tmp_path / "home"), GPUSCHED_FAKE_GPUS="3x24GiB")
+    argv = [sys.executable, "-m", "gpusched", "status", "--watch", "--interval", "0.1", *args]
+    return subprocess.Popen(
+        argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ), db
+
+
+def _interrupted(proc: subprocess.Popen[str]) -> tuple[int, str]:
+    """Ctrl-C to a running ``status --watch``: its exit code and what it wrote to stderr."""
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, err
+
+
+def test_json_watch_writes_a_document_a_line_read_afresh_until_ctrl_c(tmp_path: Path) -> None:
+    """``status --json --watch``: a status document a line (JSON Lines) every ``--interval``,
+    each read from the store afresh, so a script that follows the queue (``| jq``) sees a
+    change without running status again; Ctrl-C ends it with 130 and no traceback. (--watch
+    beside --json was ignored before: one document, then exit.)"""
+    from gpusched.store import Store
+
+    proc, db = _watching(tmp_path, "--json")
+
+    def rte() -> dict[str, Any]:
+        """E1/0-rte's entry in the next document."""
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line, "status --json --watch ended by itself"
+        return next(j for j in json.loads(line)["jobs"] if j["id"] == "E1/0-rte")
+
+    try:
+        assert rte()["cancel_requested"] is False  # running, not asked to stop
+        store = Store(db)
+        store.request_cancel(["E1/0-rte"])
+        store.close()
+        documents = 1
+        while not rte()["cancel_requested"]:  # a later document shows it
+            documents += 1
+            assert documents < 600, "status --json --watch never showed the cancel asked of E1/0-rte"
+    finally:
+        code, err = _interrupted(proc)
+    assert code == 130 and "Traceback" not in err, err
+
+
+def test_watch_redraws_the_table_until_ctrl_c(tmp_path: Path) -> None:
+    """The plain ``--watch`` into a pipe: the table again every ``--interval``, each after a
+    blank line; Ctrl-C ends it with 130 and no traceback."""
+    proc, _ = _watching(tmp_path)
+    try:
+        assert proc.stdout is not None
+        frames = 0
+        while frames < 3:
+            line = proc.stdout.readline()
+            assert line, "status --watch ended by itself"
+            frames += line.startswith("Jobs (")  # (each table's title)
+    finally:
+        code, err = _interrupted(proc)
+    assert code == 130 and "Traceback" not in err, err
 
 
 def test_a_slurm_attempt_shows_its_slurm_job_and_running_ones_what_the_cli_adds(tmp_path: Path) -> None:
