@@ -396,6 +396,8 @@ def _forget_host(home: Home, gone: str) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     from gpusched import report, report_render
 
+    if args.csv == "-" and args.json == "-":  # (the two would run together on stdout, neither readable)
+        raise UsageError("--csv - and --json -: stdout takes one of them; write the other to a file")
     if args.plot:
         from gpusched import plot
 

@@ -210,11 +210,14 @@ def test_plot_without_matplotlib_is_one_line_exit_2(
             "--csv /proc/nowhere/night.csv: cannot write it",
         ),
         (["--suite", "t", "--json", "/proc/night.json"], "--json /proc/night.json: cannot write it"),
+        (["--suite", "t", "--csv", "-", "--json", "-"], "stdout takes one of them"),
     ],
 )
 def test_bad_report_requests(night: Night, args: list[str], needle: str) -> None:
     r = night.cli("report", *args)
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    if "-" in args:  # refused before any work: no rows half written to stdout
+        assert r.stdout == ""
 
 
 def test_simulate_without_a_plan_to_replay_asks_for_one(tmp_path: Path) -> None:
