@@ -424,6 +424,13 @@ def _submit(
     suite = flags.select_jobs(whole, pairs=args.pairs, only=args.only)
     before = submitted_suite(suite.name, only_active=True)  # what a flag left out stays as it was
     backend = check_backend(args.backend or (before.backend if before else None) or default_backend())
+    given = {"--partition": args.partition, "--sbatch-arg": args.sbatch_arg, "--max-queued": args.max_queued}
+    slurm_only = [option for option, value in given.items() if value]
+    if slurm_only and backend != "slurm":  # (meant for a cluster: the night would run here instead)
+        raise UsageError(
+            f"{', '.join(slurm_only)}: for Slurm only, and this submit runs on {backend}: "
+            "add --backend slurm, or leave " + ("them" if len(slurm_only) > 1 else "it") + " out"
+        )
     detected = None
     if backend != "slurm":
         gpus_seen = make_probe(placed_by).snapshot()

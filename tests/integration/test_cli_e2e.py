@@ -451,6 +451,11 @@ BAD_INPUTS = [
     (["--suite", "t", "--gpu-plan", "1", "--gpus", "7"], "--gpus"),
     (["--suite", "t", "--gpu-plan", "1", "--pairs", "9:nope"], "--pairs"),
     (["--suite", "t", "--gpu-plan", "1", "--backend", "tmuxx"], "--backend"),
+    (["--suite", "t", "--gpu-plan", "1", "--partition", "gpu"], "--partition: for Slurm only"),
+    (
+        ["--suite", "t", "--backend", "subprocess", "--sbatch-arg=--mem=4G", "--max-queued", "5"],
+        "leave them out",
+    ),
     (["--suite", "malformed", "--gpu-plan", "1"], "malformed.yaml"),
     (["--suite", "unknown_key", "--gpu-plan", "1"], "comand"),
     (["--suite", "no_base", "--gpu-plan", "1"], "base_config"),
