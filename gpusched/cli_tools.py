@@ -339,6 +339,9 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     probe = args.probe or _probe_spec(args.fake_gpus)
     if args.forget_host and args.action != "start":
         raise UsageError("--forget-host goes with `gpusched daemon start`")
+    if (args.probe or args.fake_gpus) and args.action in ("stop", "status"):  # (it names no daemon)
+        option = "--probe" if args.probe else "--fake-gpus"
+        raise UsageError(f"{option} goes with `gpusched daemon start`: `daemon {args.action}` takes none")
     if args.forget_host:
         _forget_host(home, args.forget_host)
     if args.action == "run":

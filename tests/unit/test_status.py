@@ -687,6 +687,8 @@ BAD_OPTIONS = [
     (["cancel", "--suite", "E1x"], "--suite E1x: no such suite (did you mean 'E1'?)"),
     (["logs", "E1"], "'E1' is a suite, not a job: name one of its jobs (E1/0-qnli, ...), or all of"),
     (["retry", "E1"], "'E1' is a suite, not a job"),
+    (["daemon", "stop", "--probe", "nvml"], "--probe goes with `gpusched daemon start`: `daemon stop` takes"),
+    (["daemon", "status", "--fake-gpus", "2x24GiB"], "--fake-gpus goes with `gpusched daemon start`"),
 ]
 
 
