@@ -243,13 +243,8 @@ def _sizes(totals: tuple[int, ...]) -> str:
 def _load_trace(path: str, sim: Any) -> Any:
     try:
         trace = sim.load_trace(path)
-    except KeyError as e:  # a job without one of the figures it needs
-        raise UsageError(
-            f"--trace {path}: a job has no {e}: give each a name and either tiers or peak_mib and"
-            " duration_s; see `gpusched simulate --help`"
-        ) from e
-    except (ValueError, TypeError, AttributeError) as e:
-        raise UsageError(f"--trace {path}: not a trace ({e}); see `gpusched simulate --help`") from e
+    except ValueError as e:  # (what is wrong, and where: `$.jobs[0].peak_mib`)
+        raise UsageError(f"--trace {path}: not a trace: {e}; see `gpusched simulate --help`") from e
     if not trace.jobs:
         raise UsageError(f"--trace {path}: no jobs; give a list under 'jobs:'")
     return trace

@@ -96,7 +96,7 @@ MODEL_MIB = 4608  # weights + LoRA + optimizer + context of the example model; i
 RAMP_S = 120.0
 
 
-class TierProfile(Struct, frozen=True, kw_only=True):
+class TierProfile(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     peak_mib: int
     duration_s: float  # alone on its card
     ramp_s: float = RAMP_S
@@ -111,7 +111,7 @@ class TraceJob(Struct, frozen=True, kw_only=True):
     tiers: tuple[TierProfile, ...]  # one per tier of the ladder, A first
 
 
-class Outsider(Struct, frozen=True, kw_only=True):
+class Outsider(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Someone else's process on a card, from ``start_s`` to ``end_s``."""
 
     gpu: int
@@ -169,6 +169,26 @@ def synthetic_trace(jobs: Sequence[tuple[str, str]], *, seed: int = 0, tiers: in
     return Trace(jobs=tuple(out))
 
 
+class _JobFigures(Struct, kw_only=True, forbid_unknown_fields=True):
+    """A trace file's job as given: each tier's figures, or tier A's alone."""
+
+    name: str | int
+    task: str | int | None = None
+    tiers: list[TierProfile] | None = None
+    peak_mib: int | None = None
+    duration_s: float | None = None
+    ramp_s: float = RAMP_S
+    util: float | None = None
+
+
+class _TraceFile(Struct, kw_only=True, forbid_unknown_fields=True):
+    """A trace file as given (:func:`load_trace`)."""
+
+    jobs: list[_JobFigures] = []
+    outsiders: list[Outsider] = []
+    noise: float = 0.03
+
+
 def load_trace(path: str | Path) -> Trace:
     """A trace file (JSON, or YAML)::
 
@@ -181,43 +201,44 @@ def load_trace(path: str | Path) -> Trace:
     A job given by tier-A figures only (``peak_mib``, ``duration_s``, ``ramp_s``) gets the
     other tiers from :func:`ladder_profiles`. ``util`` (a tier's, or the job's for every
     tier; default 0): the share of its card's time a run keeps busy alone, e.g. 0.9 for a
-    compute-bound trainer; cards whose jobs want more than all of it run them slower."""
+    compute-bound trainer; cards whose jobs want more than all of it run them slower.
+    :class:`ValueError` for anything else, saying what and where (``$.jobs[0].peak_mib``).
+    Numbers may be given as text: YAML reads ``1e+18`` (what :func:`trace_to_json` writes for
+    an outsider that never leaves) as text."""
     from gpusched.matrix import JOB_NAME_RE, JOB_NAME_RULE
     from gpusched.yamlfields import read_yaml  # (JSON is YAML: one reader, one line per mistake)
 
     raw = read_yaml(Path(path), f"--trace {path}", strict=False)
+    try:
+        given = msgspec.convert({} if raw is None else raw, _TraceFile, strict=False)
+    except msgspec.ValidationError as e:  # ("Expected `int`, got `str` - at `$.jobs[0].peak_mib`")
+        raise ValueError(f"{e}; a trace is a mapping with a list under 'jobs:'") from None
     jobs = []
     names: set[str] = set()
-    for j in raw.get("jobs", []):
-        name = str(j["name"])  # a folder's name in the replay, as a plan's job's is
+    for j in given.jobs:
+        name = str(j.name)  # a folder's name in the replay, as a plan's job's is
         if not JOB_NAME_RE.fullmatch(name):
             raise ValueError(f"job name {name!r}: {JOB_NAME_RULE}, as in a plan")
         if name in names:
             raise ValueError(f"job name {name!r} is given twice: each job needs a name of its own")
         names.add(name)
-        if "tiers" in j:
-            profiles = tuple(TierProfile(**_numbers(t, ints=("peak_mib",))) for t in j["tiers"])
+        if j.tiers is not None:
+            profiles = tuple(j.tiers)
+        elif j.peak_mib is None or j.duration_s is None:
+            missing = " and ".join(k for k in ("peak_mib", "duration_s") if getattr(j, k) is None)
+            raise ValueError(f"job {name} has no {missing}: give each job tiers, or peak_mib and duration_s")
         else:
-            profiles = ladder_profiles(
-                int(j["peak_mib"]), float(j["duration_s"]), float(j.get("ramp_s", 120))
-            )
-            if "util" in j:
-                profiles = tuple(replace(p, util=float(j["util"])) for p in profiles)
+            profiles = ladder_profiles(j.peak_mib, j.duration_s, j.ramp_s)
+            if j.util is not None:
+                profiles = tuple(replace(p, util=j.util) for p in profiles)
         for p in profiles:
             if not 0.0 <= p.util <= 1.0:
                 raise ValueError(
-                    f"job {j['name']}: util {p.util:g} is not a share of a card between 0 and 1"
+                    f"job {name}: util {p.util:g} is not a share of a card between 0 and 1"
                     f" (0.9 for a run that keeps its card 90 % busy)"
                 )
-        jobs.append(TraceJob(name=name, task=str(j.get("task", name)), tiers=profiles))
-    outsiders = tuple(Outsider(**_numbers(o, ints=("gpu", "mib", "pid"))) for o in raw.get("outsiders", []))
-    return Trace(jobs=tuple(jobs), outsiders=outsiders, noise=float(raw.get("noise", 0.03)))
-
-
-def _numbers(fields: Mapping[str, Any], *, ints: tuple[str, ...]) -> dict[str, Any]:
-    """A trace record's fields as numbers, ``ints`` as int and the rest float: YAML reads
-    ``1e+18`` (what :func:`trace_to_json` writes for an outsider that never leaves) as text."""
-    return {k: int(v) if k in ints else float(v) for k, v in fields.items()}
+        jobs.append(TraceJob(name=name, task=str(name if j.task is None else j.task), tiers=profiles))
+    return Trace(jobs=tuple(jobs), outsiders=tuple(given.outsiders), noise=given.noise)
 
 
 def trace_to_json(trace: Trace) -> str:

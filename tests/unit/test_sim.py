@@ -408,9 +408,20 @@ def test_jobs_that_keep_their_card_busy_slow_each_other_down(
     ("text", "said"),
     [
         ("jobs: [\n", "t.yaml:2:1: not valid YAML"),
-        ("[1, 2]\n", "not a trace ('list' object has no attribute 'get')"),
-        ("jobs:\n  - {name: a, duration_s: 60}\n", "a job has no 'peak_mib'"),
-        ("jobs:\n  - {peak_mib: 9000, duration_s: 60}\n", "a job has no 'name'"),
+        ("[1, 2]\n", "not a trace: Expected `object`, got `array`; a trace is a mapping with a list under"),
+        ("jobs:\n  - {name: a, duration_s: 60}\n", "job a has no peak_mib: give each job tiers, or peak_mib"),
+        ("jobs:\n  - {peak_mib: 9000, duration_s: 60}\n", "missing required field `name` - at `$.jobs[0]`"),
+        # where a key was mistyped or a figure is no number, the message says which, and where
+        ("jobs:\n  - {name: a, peak_mib: 9000, duration: 60}\n", "unknown field `duration` - at `$.jobs[0]`"),
+        (
+            "jobs: [{name: a, tiers: [{peak_mib: lots, duration_s: 9}]}]",
+            "got `str` - at `$.jobs[0].tiers[0].peak_mib`",
+        ),
+        (
+            "jobs: [{name: a, peak_mib: 1, duration_s: 2}]\noutsiders: [{gpu: 0, mb: 5}]",
+            "`mb` - at `$.outsiders[0]`",
+        ),
+        ("jobs: 5\n", "Expected `array`, got `int` - at `$.jobs`"),
         ("jobs:\n  - {name: a/b, peak_mib: 9000, duration_s: 60}\n", "job name 'a/b': use letters, digits"),
         ("jobs:\n" + "  - {name: a, peak_mib: 9000, duration_s: 60}\n" * 2, "job name 'a' is given twice"),
         # 90 for 90 % would make every job 90x slower without a word (JSON: YAML reads it too)
@@ -424,8 +435,9 @@ def test_a_trace_that_is_not_one_is_one_line_and_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, said: str
 ) -> None:
     """``simulate --trace``: malformed YAML, a job without a figure it needs, a job's name that
-    cannot name a folder, or one given twice, a util that is no share of a card: one line
-    saying which, exit 2, no traceback."""
+    cannot name a folder, or one given twice, a util that is no share of a card, a key that is
+    none of a trace's or a figure that is no number: one line saying which and where, exit 2,
+    no traceback (not Python's words: "'list' object has no attribute 'get'")."""
     trace = tmp_path / "t.yaml"
     trace.write_text(text)
     plan = Path(__file__).resolve().parents[2] / "plans" / "demo.yaml"
