@@ -147,6 +147,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from gpusched import flags, plan, sim
     from gpusched.gpus.fake import parse_fake_spec
 
+    if args.trace_out == "-":  # (it wrote a file named "-" in the current folder)
+        raise UsageError(
+            "--trace-out -: give a file's name, e.g. --trace-out night.json (stdout has the results)"
+        )
     suite = plan.load_suite(args.suite, cwd=Path.cwd())
     gpus = flags.parse_gpus(args.gpus, detected=None)
     plan_text = args.gpu_plan

@@ -483,3 +483,18 @@ def _placement_benchmark() -> Any:
     if where not in sys.path:
         sys.path.insert(0, where)
     return importlib.import_module("placement")
+
+
+def test_trace_out_to_stdout_is_refused_not_written_as_a_file_named_dash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--trace-out -`` wrote the trace to a file named ``-`` in the current folder, where
+    ``report --csv -`` means stdout; stdout carries simulate's results, so it is refused in one
+    line, exit 2, before the night is simulated."""
+    monkeypatch.chdir(tmp_path)
+    plan = Path(__file__).resolve().parents[2] / "plans" / "demo.yaml"
+    argv = ["simulate", "--suite", str(plan), "--gpu-plan", "1", "--fake-gpus", "1x24GiB", "--trace-out", "-"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--trace-out -: give a file's name" in err[0], err
+    assert not (tmp_path / "-").exists()
