@@ -280,6 +280,8 @@ def cmd_wait(args: argparse.Namespace) -> int:
     store = _store()
     if args.suite:
         known_suite(store, args.suite)
+    elif not store.suite_names():  # (`submit ...; wait && echo ok` after a refused submit: not "ok")
+        raise UsageError("no suite submitted yet: nothing to wait for (`gpusched submit --suite NAME` first)")
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     checked = [float("-inf")]
 

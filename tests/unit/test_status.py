@@ -670,6 +670,20 @@ def test_status_of_a_new_queue_says_how_to_start_one(
     assert "no jobs yet: `gpusched submit --suite NAME`" in out and "┃ job" not in out
 
 
+def test_wait_with_nothing_submitted_says_so_and_exits_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``gpusched submit ...; gpusched wait && echo done``: where the submit was refused, wait
+    found no suite, counted 0 succeeded and exited 0 ("all succeeded"); it now says there is
+    nothing to wait for, exit 2."""
+    from gpusched import cli
+
+    monkeypatch.setenv("GPUSCHED_HOME", str(tmp_path / "home"))
+    assert cli.main(["wait", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no suite submitted yet: nothing to wait for" in err[0], err
+
+
 BAD_OPTIONS = [
     (["logs", "E1/0-qnli", "-n", "-3"], "argument -n/--lines: '-3' is not a whole number >= 0"),
     (["report", "--top", "-2"], "argument --top: '-2' is not a whole number >= 0"),
