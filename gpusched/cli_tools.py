@@ -36,6 +36,11 @@ def cmd_gpus(args: argparse.Namespace) -> int:
     from gpusched.gpus.select import make_probe
 
     if args.enable is not None:
+        if args.json or args.fake_gpus:  # (each was ignored: --enable says what it did, in words)
+            option = "--json" if args.json else "--fake-gpus"
+            raise UsageError(
+                f"{option} does not go with --enable: enable first, then `gpusched gpus {option}`"
+            )
         return _enable_gpus(args.enable)
     seen = _home().db.exists()  # (looking at the GPUs creates no database)
     out = {i: asdict(o) for i, o in _store(readonly=True).gpus_out().items()} if seen else {}

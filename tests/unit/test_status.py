@@ -703,6 +703,10 @@ BAD_OPTIONS = [
     (["retry", "E1"], "'E1' is a suite, not a job"),
     (["daemon", "stop", "--probe", "nvml"], "--probe goes with `gpusched daemon start`: `daemon stop` takes"),
     (["daemon", "status", "--fake-gpus", "2x24GiB"], "--fake-gpus goes with `gpusched daemon start`"),
+    (
+        ["gpus", "--enable", "0", "--json"],
+        "--json does not go with --enable: enable first, then `gpusched gpus",
+    ),
 ]
 
 
