@@ -11,10 +11,10 @@
 #   .before/  optional: an earlier tree, for the aims' dispatch rows and the night's first launch
 #          to run in turn with this one
 #          (git archive COMMIT gpusched | tar -x -C .before; echo COMMIT > .before/COMMIT)
-#   .parts/  optional: another tree timed beside this one in the two status parts: the branch
-#          experiment/status-parts (status --json's entries read in parts on a thread each; rebase it
-#          on this tree first), or the tree before a change to status (stop 63: a238f48, before the
-#          kept entries) (git archive COMMIT gpusched | tar -x -C .parts; echo COMMIT > .parts/COMMIT)
+#   .parts/  optional: another tree timed beside this one in the two status parts, e.g. the tree
+#          before a change to status (stop 63: a238f48, before the kept entries)
+#          (git archive COMMIT gpusched | tar -x -C .parts; echo COMMIT > .parts/COMMIT). The branch it
+#          was made for, experiment/status-parts (stop 58), lived in one session's checkout only: gone.
 #   .deb/  the tools compared against: (cd .deb && apt-get download task-spooler parallel tmux
 #          libevent-core-2.1-7 libutempter0); unpacked with dpkg -x into a scratch root, never /
 #

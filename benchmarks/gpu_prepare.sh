@@ -9,8 +9,7 @@
 # .deb/   task-spooler, GNU parallel and tmux with its libraries, unpacked there, never installed
 # .before/  with BEFORE_COMMIT (may be ''): that tree's gpusched/, timed in turn with this one
 # .parts/   with PARTS_COMMIT: that tree's gpusched/, timed beside this one by the two status parts
-#           (the branch experiment/status-parts rebased on this tree, benchmarks/README.md "Stop 58";
-#           or the tree before a change to status)
+#           (the tree before a change to status; stop 63: a238f48)
 # Then carry them: run(command="bash benchmarks/gpu_machine.sh $OUT 4", carry=[".whl", ".deb",
 # ".before", ".parts"]), or two commands with PARTS (gpu_machine.sh's header).
 set -eu
